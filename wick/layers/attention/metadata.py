@@ -1,0 +1,61 @@
+"""What every attention backend needs to know about one packed batch, and the forward context
+through which the model runner hands it to the attention layers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from wick.layers.attention.backend import AttentionBackend
+
+
+@dataclass
+class AttentionMetadata:
+    """A packed batch: request i owns query tokens query_start_loc[i]:query_start_loc[i+1].
+
+    Its new tokens sit at the end of its context: context length seq_lens[i], of which the first
+    seq_lens[i] - query_len(i) tokens are already in the KV cache.
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64; block_id * block_size + offset; -1: do not write
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32
+    seq_lens: torch.Tensor  # [num_reqs] int32
+    block_tables: torch.Tensor  # [num_reqs, max_blocks_per_req] int32, padded with 0
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc_cpu: list[int]
+    seq_lens_cpu: list[int]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+@dataclass
+class ForwardContext:
+    attn_metadata: AttentionMetadata
+    backend: AttentionBackend
+
+
+_context: ForwardContext | None = None
+
+
+@contextmanager
+def set_forward_context(attn_metadata: AttentionMetadata, backend: AttentionBackend) -> Iterator[None]:
+    global _context
+    previous, _context = _context, ForwardContext(attn_metadata, backend)
+    try:
+        yield
+    finally:
+        _context = previous
+
+
+def get_forward_context() -> ForwardContext:
+    if _context is None:
+        raise RuntimeError("attention called outside set_forward_context()")
+    return _context

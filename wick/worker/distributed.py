@@ -1,0 +1,29 @@
+"""Tensor-parallel process group: one process per rank, NCCL on GPU and gloo on CPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def tp_world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def tp_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    if tp_world_size() > 1:
+        dist.all_reduce(x)
+    return x
+
+
+def tp_all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
+    size = tp_world_size()
+    if size == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts, dim=-1)
