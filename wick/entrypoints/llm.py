@@ -1,0 +1,117 @@
+"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) / .chat(...)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from wick.config import EngineArgs
+from wick.engine.core import EngineCore, EngineCoreRequest
+from wick.engine.output_processor import OutputProcessor
+from wick.outputs import RequestOutput
+from wick.sampling_params import SamplingParams
+from wick.tokenizer.chat_template import apply_chat_template
+from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+class LLM:
+    """An engine core in this process. `model=None` loads the default model (SmolLM2-135M-Instruct)."""
+
+    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+        self.engine_args = EngineArgs(model=model, **kwargs)
+        self.config = self.engine_args.create_engine_config()
+        source = self.config.source
+        self.tokenizer: PreTrainedTokenizerBase = get_tokenizer(
+            source.tokenizer_path or source.path, gguf_file=source.gguf_file,
+            trust_remote_code=self.engine_args.trust_remote_code)
+        self.eos_token_ids = eos_token_ids(self.tokenizer, self.config.hf_config)
+        self.core = EngineCore(self.config)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._ids = itertools.count()
+
+    def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        return self.tokenizer
+
+    def generate(self, prompts: PromptType | Sequence[PromptType],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Prompts are strings, token-id lists, or dicts with "prompt" or "prompt_token_ids"."""
+        if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts
+                                               and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        encoded = [self._encode(p) for p in prompts]
+        return self._run(encoded, sampling_params, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+             use_tqdm: bool = False, chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, tools: list[dict] | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        encoded = []
+        for conversation in conversations:
+            text = apply_chat_template(
+                self.tokenizer, conversation, add_generation_prompt=add_generation_prompt, tools=tools,
+                chat_template=chat_template or self.engine_args.chat_template,
+                continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+            encoded.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
+        return self._run(encoded, sampling_params, use_tqdm)
+
+    def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        return None, list(prompt)
+
+    def _run(self, prompts: list[tuple[str | None, list[int]]],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+             use_tqdm: bool) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
+                  else list(sampling_params))
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams")
+        order: list[str] = []
+        try:
+            for (text, token_ids), sp in zip(prompts, params, strict=True):
+                order.append(self._add_request(text, token_ids, sp))
+            return self._run_engine(order, use_tqdm)
+        except BaseException:
+            for request_id in order:
+                self.core.abort_requests(self.output_processor.abort_request(request_id))
+            raise
+
+    def _add_request(self, prompt: str | None, token_ids: list[int], params: SamplingParams) -> str:
+        request_id = str(next(self._ids))
+        params = params.clone(eos_token_ids=self.eos_token_ids)
+        child_ids = self.output_processor.add_request(request_id, prompt, token_ids, params)
+        child_params = params.clone(n=1) if params.n > 1 else params
+        for i, child_id in enumerate(child_ids):
+            seed = None if params.seed is None else (params.seed + i * 0x9E3779B97F4A7C15) % 2**63
+            self.core.add_request(EngineCoreRequest(child_id, token_ids, child_params, seed,
+                                                    prefill_leader=child_ids[0] if i else None))
+        return request_id
+
+    def _run_engine(self, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        finished: dict[str, RequestOutput] = {}
+        progress = tqdm(total=len(order), desc="Generating", disable=not use_tqdm)
+        while self.core.has_unfinished_requests():
+            outputs, to_abort = self.output_processor.process_outputs(self.core.step())
+            if to_abort:
+                self.core.abort_requests(to_abort)
+            for output in outputs:
+                if output.finished:
+                    finished[output.request_id] = output
+                    progress.update(1)
+        progress.close()
+        return [finished[request_id] for request_id in order]

@@ -1,0 +1,284 @@
+"""The batched sampler: penalties, logprobs, temperature, top-k / top-p / min-p and seeded sampling,
+all on the device with no per-request Python loop.
+
+Randomness is a pure function of (request seed, output position, token id): a counter-based hash
+gives every token its own uniform u, and the sampled token is argmax(prob / -log(u)) (the
+exponential race, equivalent to Gumbel-max). So a request draws the same token whatever else is in
+the batch, whichever row it sits in, and after preemption, without one torch.Generator per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from wick.engine.request import Request
+from wick.sampling_params import _GREEDY_EPS
+
+_M32 = 0xFFFF_FFFF
+_GOLDEN = 0x9E37_79B9
+
+
+@dataclass
+class LogprobsTensors:
+    """Column 0 holds the sampled (or target) token, columns 1.. the top-k tokens by logprob."""
+
+    token_ids: torch.Tensor  # [B, 1 + k] int64
+    logprobs: torch.Tensor  # [B, 1 + k] float32
+    ranks: torch.Tensor  # [B] int64: rank of the column-0 token, 1 = most likely
+
+
+@dataclass
+class SamplerOutput:
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs: LogprobsTensors | None  # set when any request asked for logprobs
+
+
+@dataclass
+class SamplingMetadata:
+    """One row per request that samples this step; every tensor lives on the sampling device."""
+
+    temperature: torch.Tensor  # [B] float32; < 1e-5 means greedy
+    top_p: torch.Tensor  # [B] float32
+    top_k: torch.Tensor  # [B] int64, 0 = off
+    min_p: torch.Tensor  # [B] float32
+    presence_penalty: torch.Tensor  # [B] float32
+    frequency_penalty: torch.Tensor  # [B] float32
+    repetition_penalty: torch.Tensor  # [B] float32
+    seeds: torch.Tensor  # [B] int64 (64-bit seeds folded into int64)
+    steps: torch.Tensor  # [B] int64: output tokens so far, the RNG counter
+    output_counts: torch.Tensor | None  # [B, V] float32 counts of generated tokens; None: no penalties
+    prompt_mask: torch.Tensor | None  # [B, V] bool tokens in the prompt; None: no repetition penalty
+    # logit_bias in sparse form: logits[bias_rows, bias_token_ids] += bias_values.
+    bias_rows: torch.Tensor | None  # [N] int64
+    bias_token_ids: torch.Tensor | None  # [N] int64
+    bias_values: torch.Tensor | None  # [N] float32
+    # min_tokens: logits[suppress_rows, suppress_token_ids] = -inf.
+    suppress_rows: torch.Tensor | None  # [M] int64
+    suppress_token_ids: torch.Tensor | None  # [M] int64
+    max_num_logprobs: int | None  # largest `logprobs` asked for; None when no request asked
+    all_greedy: bool
+    all_random: bool
+    # Skip flags, over the rows that sample at random.
+    no_top_k: bool
+    no_top_p: bool
+    no_min_p: bool
+
+    @classmethod
+    def from_requests(cls, requests: list[Request], vocab_size: int,
+                      device: torch.device) -> SamplingMetadata:
+        params = [req.sampling_params for req in requests]
+        random_params = [sp for sp in params if not sp.greedy]
+        use_repetition = any(sp.repetition_penalty != 1.0 for sp in params)
+        use_penalties = use_repetition or any(
+            sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0 for sp in params)
+
+        bias_rows: list[int] = []
+        bias_ids: list[int] = []
+        bias_values: list[float] = []
+        suppress_rows: list[int] = []
+        suppress_ids: list[int] = []
+        for row, (req, sp) in enumerate(zip(requests, params, strict=True)):
+            for token_id, bias in (sp.logit_bias or {}).items():
+                if not 0 <= int(token_id) < vocab_size:
+                    raise ValueError(f"logit_bias token {token_id} is outside the vocabulary "
+                                     f"(size {vocab_size}) of request {req.request_id}")
+                bias_rows.append(row)
+                bias_ids.append(int(token_id))
+                bias_values.append(float(bias))
+            if req.num_output_tokens < sp.min_tokens:
+                blocked = set(sp.stop_token_ids or [])
+                if not sp.ignore_eos:
+                    blocked.update(sp.eos_token_ids)
+                # A stop id outside the vocabulary can never be sampled, so it needs no blocking.
+                blocked_ids = sorted(t for t in blocked if t < vocab_size)
+                suppress_rows.extend([row] * len(blocked_ids))
+                suppress_ids.extend(blocked_ids)
+
+        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        output_counts = prompt_mask = None
+        if use_penalties:
+            output_counts = _token_table(
+                [req.output_token_ids for req in requests], vocab_size, torch.float32, device)
+        if use_repetition:
+            prompt_mask = _token_table(
+                [req.prompt_token_ids for req in requests], vocab_size, torch.bool, device)
+        asked = [sp.logprobs for sp in params if sp.logprobs is not None]
+        return cls(
+            temperature=tensor([sp.temperature for sp in params], torch.float32),
+            top_p=tensor([sp.top_p for sp in params], torch.float32),
+            top_k=tensor([sp.top_k for sp in params], torch.int64),
+            min_p=tensor([sp.min_p for sp in params], torch.float32),
+            presence_penalty=tensor([sp.presence_penalty for sp in params], torch.float32),
+            frequency_penalty=tensor([sp.frequency_penalty for sp in params], torch.float32),
+            repetition_penalty=tensor([sp.repetition_penalty for sp in params], torch.float32),
+            seeds=tensor([_fold_int64(req.seed) for req in requests], torch.int64),
+            steps=tensor([req.num_output_tokens for req in requests], torch.int64),
+            output_counts=output_counts,
+            prompt_mask=prompt_mask,
+            bias_rows=tensor(bias_rows, torch.int64) if bias_rows else None,
+            bias_token_ids=tensor(bias_ids, torch.int64) if bias_rows else None,
+            bias_values=tensor(bias_values, torch.float32) if bias_rows else None,
+            suppress_rows=tensor(suppress_rows, torch.int64) if suppress_rows else None,
+            suppress_token_ids=tensor(suppress_ids, torch.int64) if suppress_rows else None,
+            max_num_logprobs=max(asked) if asked else None,
+            all_greedy=not random_params,
+            all_random=len(random_params) == len(params),
+            no_top_k=all(sp.top_k == 0 for sp in random_params),
+            no_top_p=all(sp.top_p >= 1.0 for sp in random_params),
+            no_min_p=all(sp.min_p == 0.0 for sp in random_params),
+        )
+
+
+def _fold_int64(seed: int) -> int:
+    """Any integer to the int64 with the same low 64 bits."""
+    return (seed + 2**63) % 2**64 - 2**63
+
+
+def _token_table(token_lists: list[list[int]], vocab_size: int, dtype: torch.dtype,
+                 device: torch.device) -> torch.Tensor:
+    """[B, V] table: counts of each token per row (float) or its presence (bool)."""
+    rows = [row for row, tokens in enumerate(token_lists) for _ in tokens]
+    cols = [token for tokens in token_lists for token in tokens]
+    rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
+    cols_t = torch.tensor(cols, dtype=torch.int64, device=device)
+    if dtype == torch.bool:
+        table = torch.zeros(len(token_lists), vocab_size, dtype=torch.bool, device=device)
+        return table.index_put_((rows_t, cols_t), torch.tensor(True, device=device))
+    table = torch.zeros(len(token_lists), vocab_size, dtype=dtype, device=device)
+    return table.index_put_((rows_t, cols_t), torch.ones(len(cols), dtype=dtype, device=device),
+                            accumulate=True)
+
+
+def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """logit_bias, then min_tokens blocking, then penalties; returns a new tensor.
+
+    Penalties: repetition first (HF/vLLM: for tokens in the prompt or the output, a positive logit
+    is divided by r, a negative one multiplied by r), then OpenAI's
+    logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0), where count
+    covers generated tokens only.
+    """
+    if metadata.bias_rows is not None:
+        logits = logits.index_put((metadata.bias_rows, metadata.bias_token_ids), metadata.bias_values,
+                                  accumulate=True)
+    if metadata.suppress_rows is not None:
+        logits = logits.index_put((metadata.suppress_rows, metadata.suppress_token_ids),
+                                  torch.tensor(float("-inf"), device=logits.device))
+    counts = metadata.output_counts
+    if counts is None:
+        return logits
+    generated = counts > 0
+    if metadata.prompt_mask is not None:
+        seen = generated | metadata.prompt_mask
+        r = metadata.repetition_penalty[:, None]
+        logits = torch.where(seen, torch.where(logits > 0, logits / r, logits * r), logits)
+    return (logits - metadata.frequency_penalty[:, None] * counts
+            - metadata.presence_penalty[:, None] * generated)
+
+
+class Sampler(nn.Module):
+    """Turns one row of float32 logits per request into a token, and logprobs when asked.
+
+    Logprobs are "raw": log_softmax of the logits as the model produced them, before logit_bias,
+    min_tokens blocking, penalties, temperature and top-k/top-p/min-p (vLLM's default). The token is
+    drawn from the processed distribution, so its raw logprob may be below that of unsampled ones.
+    """
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        raw_logprobs = logits.log_softmax(-1) if metadata.max_num_logprobs is not None else None
+        logits = process_logits(logits, metadata)
+        if metadata.all_greedy:
+            sampled = logits.argmax(-1)
+        else:
+            sampled = _sample_random(logits, metadata)
+            if not metadata.all_random:
+                greedy = metadata.temperature < _GREEDY_EPS
+                sampled = torch.where(greedy, logits.argmax(-1), sampled)
+        logprobs = None
+        if raw_logprobs is not None:
+            logprobs = _gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
+
+
+def compute_prompt_logprobs(logits: torch.Tensor, target_ids: torch.Tensor,
+                            num_logprobs: int) -> LogprobsTensors:
+    """Logprobs of each target token (raw log_softmax of `logits` [P, V]) and the top `num_logprobs`."""
+    return _gather_logprobs(logits.float().log_softmax(-1), target_ids, num_logprobs)
+
+
+def _gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) -> LogprobsTensors:
+    token_logprobs = logprobs.gather(-1, token_ids[:, None])
+    ranks = (logprobs > token_logprobs).sum(-1) + 1
+    ids, values = token_ids[:, None], token_logprobs
+    if k > 0:
+        top_values, top_ids = logprobs.topk(k, dim=-1)
+        ids = torch.cat([ids, top_ids], dim=1)
+        values = torch.cat([values, top_values], dim=1)
+    return LogprobsTensors(token_ids=ids, logprobs=values, ranks=ranks)
+
+
+def _sample_random(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then the seeded exponential race; every row samples
+    (greedy rows with temperature 1, and the caller replaces their result)."""
+    temperature = metadata.temperature.clamp(min=_GREEDY_EPS)
+    logits = logits / temperature[:, None]
+    if not (metadata.no_top_k and metadata.no_top_p):
+        logits = _top_k_top_p(logits, metadata.top_k, metadata.top_p)
+    probs = logits.softmax(-1)
+    if not metadata.no_min_p:
+        floor = metadata.min_p[:, None] * probs.amax(-1, keepdim=True)
+        probs = probs.masked_fill(probs < floor, 0.0)
+    exponentials = random_exponentials(metadata.seeds, metadata.steps, logits.shape[-1])
+    # A filtered token has probability 0, so it can only win a race that every kept token loses
+    # with 0 too, which cannot happen: the top token is always kept and every exponential is finite.
+    return (probs / exponentials).argmax(-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Sets to -inf every token outside the k highest, then outside the smallest set whose
+    probability (renormalized after top-k) reaches top_p; the top token always stays."""
+    vocab_size = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    position = torch.arange(vocab_size, device=logits.device)
+    k = torch.where(top_k > 0, top_k, vocab_size)
+    sorted_logits = sorted_logits.masked_fill(position >= k[:, None], float("-inf"))
+    probs = sorted_logits.softmax(-1)
+    mass_before = probs.cumsum(-1) - probs
+    # Rows with top_p == 1 skip the test: rounding in the cumsum could otherwise drop the tail.
+    drop = (mass_before >= top_p[:, None]) & (top_p < 1.0)[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for 0 <= x < 2**32, in 16-bit halves of c so no int64 product overflows."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer: a bijection on [0, 2**32) with full avalanche."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EB_CA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2_AE35)
+    return h ^ (h >> 16)
+
+
+def random_exponentials(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, V] float32 Exp(1) draws, a pure function of (seed, step, token id) for each row.
+
+    Each row's key hashes both 32-bit halves of its seed and its step; each token's value is
+    mix32(row key XOR mix32(token id + golden)); the top 23 bits give u = (2j + 1) / 2**24, which
+    float32 holds exactly and which lies strictly inside (0, 1), so -log(u) is finite and positive.
+    """
+    low, high = seeds & _M32, (seeds >> 32) & _M32
+    key = _mix32((low + _mix32((high + _GOLDEN) & _M32)) & _M32)
+    key = _mix32(key ^ _mix32((steps + 2 * _GOLDEN) & _M32))
+    tokens = _mix32((torch.arange(vocab_size, device=seeds.device) + 3 * _GOLDEN) & _M32)
+    bits = _mix32(key[:, None] ^ tokens[None, :])
+    uniform = ((bits >> 8) | 1).to(torch.float32) * 2.0**-24
+    return -torch.log(uniform)
