@@ -57,3 +57,22 @@ def qwen_gguf() -> str:
         pytest.fail("the assembled Qwen2.5-Coder GGUF has the wrong sha256")
     partial.rename(target)
     return str(target)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> str:
+    """A random-weight Llama (safetensors) with SmolLM2's tokenizer: a real folder the engine loads."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf),
+                                              gguf_file=os.path.basename(smollm2_gguf))
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         initializer_range=0.3, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)

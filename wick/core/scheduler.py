@@ -1,0 +1,220 @@
+"""The scheduler: one token budget per step, shared by decodes and (chunked) prefills.
+
+Running requests come first, oldest first: each gets its next token or its next prompt chunk.
+When blocks run out, the most recently admitted running request is preempted: its blocks are
+freed and it goes back to the front of the waiting queue, to be recomputed later (mostly from
+the prefix cache). Then waiting requests are admitted in arrival order while budget, sequence
+slots and blocks last.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from wick.core.kv_cache_manager import KVCacheManager
+from wick.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    """This step computes positions start .. start + num_new_tokens - 1 of `request`."""
+
+    request: Request
+    num_new_tokens: int
+    start: int
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step reaches the request's last token, so a new token is sampled."""
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    num_batched_tokens: int = 0
+    # Requests sent back to waiting this step; they restart from their first token.
+    preempted_ids: list[str] = field(default_factory=list)
+    # Requests finished or aborted since the previous step.
+    finished_ids: list[str] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, kv_cache_manager: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, enable_chunked_prefill: bool = True) -> None:
+        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_model_len < 2:
+            raise ValueError(f"invalid scheduler limits: max_num_seqs={max_num_seqs}, "
+                             f"max_num_batched_tokens={max_num_batched_tokens}, max_model_len={max_model_len}")
+        if not enable_chunked_prefill and max_num_batched_tokens < max_model_len:
+            raise ValueError(f"without chunked prefill, max_num_batched_tokens ({max_num_batched_tokens}) "
+                             f"must be at least max_model_len ({max_model_len})")
+        self.kv_cache_manager = kv_cache_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.enable_chunked_prefill = enable_chunked_prefill
+        # A request longer than the whole cache could never run its next step, even alone.
+        self._max_len = min(max_model_len, kv_cache_manager.num_blocks * kv_cache_manager.block_size + 1)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # in admission order: the last one is the newest
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.num_preemptions = 0
+        self._finished_ids: list[str] = []
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def add_request(self, request: Request) -> None:
+        """Queues the request; raises ValueError at once when it can never be served."""
+        if request.request_id in self.requests:
+            raise ValueError(f"a request with id {request.request_id!r} is already in the engine")
+        num_prompt = request.num_prompt_tokens
+        if num_prompt >= self.max_model_len:
+            raise ValueError(f"prompt has {num_prompt} tokens; the model's maximum context is "
+                             f"{self.max_model_len} tokens")
+        kv = self.kv_cache_manager
+        num_blocks = kv.num_blocks_for(num_prompt + 1)
+        if num_blocks > kv.num_blocks:
+            raise ValueError(f"prompt has {num_prompt} tokens; with one generated token it needs "
+                             f"{num_blocks} KV cache blocks of {kv.block_size} tokens, but the cache holds "
+                             f"only {kv.num_blocks} blocks ({kv.num_blocks * kv.block_size} tokens)")
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.waiting.append(request)
+
+    def schedule(self) -> SchedulerOutput:
+        output = SchedulerOutput(finished_ids=self._finished_ids)
+        self._finished_ids = []
+        budget = self.max_num_batched_tokens
+        kv = self.kv_cache_manager
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not kv.allocate_slots(request, num_new):
+                victim = self.running.pop()
+                self._preempt(victim)
+                output.preempted_ids.append(victim.request_id)
+                if victim is request:
+                    break
+            else:
+                output.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+                budget -= num_new
+                i += 1
+
+        # After a preemption memory is short: admitting more would only preempt again.
+        if not output.preempted_ids:
+            budget = self._admit_waiting(output, budget)
+        output.num_batched_tokens = self.max_num_batched_tokens - budget
+        return output
+
+    def _admit_waiting(self, output: SchedulerOutput, budget: int) -> int:
+        kv = self.kv_cache_manager
+        admitted: list[Request] = []
+        for request in self.waiting:
+            if budget == 0 or len(self.running) >= self.max_num_seqs:
+                break
+            if self._waits_for_leader(request):
+                continue
+            computed_blocks, num_cached = kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_cached
+            if num_new > budget:
+                if not self.enable_chunked_prefill:
+                    break
+                num_new = budget
+            if not kv.allocate_slots(request, num_new, computed_blocks):
+                break
+            request.num_computed_tokens = num_cached
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_cached
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            admitted.append(request)
+            output.scheduled.append(ScheduledRequest(request, num_new, num_cached))
+            budget -= num_new
+        if admitted:
+            taken = {id(r) for r in admitted}
+            self.waiting = deque(r for r in self.waiting if id(r) not in taken)
+        return budget
+
+    def _waits_for_leader(self, request: Request) -> bool:
+        """A request whose prompt another unfinished request is prefilling waits for that prefill,
+        to find the prompt's blocks in the prefix cache instead of computing them twice."""
+        if request.prefill_leader is None or not self.kv_cache_manager.enable_prefix_caching:
+            return False
+        leader = self.requests.get(request.prefill_leader)
+        return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           sampled_token_ids: dict[str, int]) -> list[Request]:
+        """Records a finished step: progress, newly computed blocks, sampled tokens and stops.
+        Returns the requests that got a new token, finished ones included."""
+        updated = []
+        any_finished = False
+        for item in scheduler_output.scheduled:
+            request = item.request
+            if request.is_finished:  # aborted since the step was scheduled
+                continue
+            request.num_computed_tokens = item.start + item.num_new_tokens
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            if not item.samples:
+                continue
+            request.append_output_token(sampled_token_ids[request.request_id])
+            status = self._stop_status(request)
+            if status is not None:
+                self._finish(request, status)
+                any_finished = True
+            updated.append(request)
+        if any_finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return updated
+
+    def _stop_status(self, request: Request) -> RequestStatus | None:
+        params = request.sampling_params
+        token = request.output_token_ids[-1]
+        # min_tokens counts the tokens before the stop token.
+        if request.num_output_tokens > params.min_tokens and (
+                token in params.stop_token_ids or (not params.ignore_eos and token in params.eos_token_ids)):
+            return RequestStatus.FINISHED_STOPPED
+        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        if request.num_tokens >= self._max_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def abort(self, request_ids: Iterable[str]) -> list[Request]:
+        """Finishes the requests as aborted wherever they are; unknown or finished ids are ignored.
+        Returns the requests aborted."""
+        aborted = [self.requests[rid] for rid in dict.fromkeys(request_ids) if rid in self.requests]
+        if not aborted:
+            return []
+        for request in aborted:
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self.running = [r for r in self.running if not r.is_finished]
+        self.waiting = deque(r for r in self.waiting if not r.is_finished)
+        return aborted
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self.kv_cache_manager.free(request)
+        del self.requests[request.request_id]
+        self._finished_ids.append(request.request_id)

@@ -1,0 +1,30 @@
+"""The interface every attention backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from wick.layers.attention.metadata import AttentionMetadata
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """Paged attention over one packed batch.
+
+        q [T, H, D], k and v [T, Hkv, D]: the batch's new tokens. k_cache, v_cache
+        [num_blocks, block_size, Hkv, D]. First writes k/v to the cache at metadata.slot_mapping
+        (slots < 0 are skipped), then each request's new queries attend causally to its whole
+        context read through its block table. Returns [T, H, D].
+        """

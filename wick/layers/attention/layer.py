@@ -1,0 +1,38 @@
+"""The attention layer the models use: reshapes heads and hands off to the step's backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from wick.layers.attention.metadata import get_forward_context
+
+
+class Attention(nn.Module):
+    """q [T, H*D], k and v [T, Hkv*D] -> [T, H*D].
+
+    k_cache and v_cache ([num_blocks, block_size, Hkv, D]) are assigned by the model runner once
+    it has allocated the KV cache.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.num_kv_heads = num_kv_heads
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        context = get_forward_context()
+        out = context.backend.forward(
+            q.view(-1, self.num_heads, self.head_dim),
+            k.view(-1, self.num_kv_heads, self.head_dim),
+            v.view(-1, self.num_kv_heads, self.head_dim),
+            self.k_cache,
+            self.v_cache,
+            context.attn_metadata,
+            self.scale,
+        )
+        return out.view(-1, self.num_heads * self.head_dim)

@@ -1,0 +1,185 @@
+"""Dequantization of GGUF tensors to float32, vectorized over blocks with plain torch ops.
+
+Every quantized format stores a tensor as consecutive fixed-size blocks of bytes. Each decoder
+below turns a ``[n_blocks, type_size]`` uint8 tensor into ``[n_blocks, block_size]`` float32,
+so the same code runs on CPU and on CUDA.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+QK_K = 256
+
+
+def _f16(blocks: torch.Tensor, offset: int) -> torch.Tensor:
+    """The float16 stored at ``offset`` of each block, as float32 of shape [n_blocks, 1]."""
+    return blocks[:, offset : offset + 2].contiguous().view(torch.float16).float()
+
+
+def _split_bits(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Split each byte into ``8 // width`` fields of ``width`` bits, lowest first, on a new dim -2."""
+    shifts = torch.arange(0, 8, width, dtype=torch.uint8, device=x.device)
+    return (x.unsqueeze(-2) >> shifts.unsqueeze(-1)) & ((1 << width) - 1)
+
+
+def _low_high_nibbles(qs: torch.Tensor) -> torch.Tensor:
+    """[n, 16] bytes -> [n, 32] values: the low nibbles give elements 0..15, the high ones 16..31."""
+    return _split_bits(qs, 4).reshape(qs.shape[0], -1)
+
+
+def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
+    """[n, 4] bytes of a little-endian uint32 -> [n, 32] bits, bit j for element j."""
+    return _split_bits(qh, 1).transpose(-1, -2).reshape(qh.shape[0], -1)
+
+
+def _q4_0(b: torch.Tensor) -> torch.Tensor:
+    q = _low_high_nibbles(b[:, 2:18]).to(torch.int16) - 8
+    return _f16(b, 0) * q.float()
+
+
+def _q4_1(b: torch.Tensor) -> torch.Tensor:
+    q = _low_high_nibbles(b[:, 4:20])
+    return _f16(b, 0) * q.float() + _f16(b, 2)
+
+
+def _q5_0(b: torch.Tensor) -> torch.Tensor:
+    q = _low_high_nibbles(b[:, 6:22]) | (_fifth_bits(b[:, 2:6]) << 4)
+    return _f16(b, 0) * (q.to(torch.int16) - 16).float()
+
+
+def _q5_1(b: torch.Tensor) -> torch.Tensor:
+    q = _low_high_nibbles(b[:, 8:24]) | (_fifth_bits(b[:, 4:8]) << 4)
+    return _f16(b, 0) * q.float() + _f16(b, 2)
+
+
+def _q8_0(b: torch.Tensor) -> torch.Tensor:
+    return _f16(b, 0) * b[:, 2:34].view(torch.int8).float()
+
+
+def _q2_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    scales = b[:, :16]
+    # Each 32-byte half of qs holds 128 elements as four 2-bit planes of 32.
+    q = _split_bits(b[:, 16:80].reshape(n, 2, 32), 2).reshape(n, 16, 16).float()
+    dl = (_f16(b, 80) * (scales & 0xF).float()).unsqueeze(-1)
+    ml = (_f16(b, 82) * (scales >> 4).float()).unsqueeze(-1)
+    return (dl * q - ml).reshape(n, QK_K)
+
+
+def _q3_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    packed = b[:, 96:108]
+    # Sixteen 6-bit scales: low 4 bits from bytes 0..7 (low then high nibbles), top 2 bits from 8..11.
+    low = _split_bits(packed[:, :8], 4).reshape(n, 16)
+    high = _split_bits(packed[:, 8:], 2).reshape(n, 16)
+    scales = (low | (high << 4)).to(torch.int16) - 32
+    low_bits = _split_bits(b[:, 32:96].reshape(n, 2, 32), 2).reshape(n, 16, 16)
+    # hmask bit (4 * half + plane) of byte l; a clear bit means the value is offset by -4.
+    high_bit = _split_bits(b[:, :32], 1).reshape(n, 16, 16)
+    q = low_bits.to(torch.int16) - ((1 - high_bit.to(torch.int16)) << 2)
+    dl = (_f16(b, 108) * scales.float()).unsqueeze(-1)
+    return (dl * q.float()).reshape(n, QK_K)
+
+
+def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The eight 6-bit scales and mins of a Q4_K / Q5_K block from its 12 packed bytes."""
+    a, m, c = packed[:, 0:4], packed[:, 4:8], packed[:, 8:12]
+    scales = torch.cat([a & 0x3F, (c & 0xF) | ((a >> 6) << 4)], dim=-1)
+    mins = torch.cat([m & 0x3F, (c >> 4) | ((m >> 6) << 4)], dim=-1)
+    return scales, mins
+
+
+def _k_affine(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Apply the per-32-element scale and min of a Q4_K / Q5_K block to q: [n, 8, 32]."""
+    scales, mins = _k_scales_mins(b[:, 4:16])
+    d = (_f16(b, 0) * scales.float()).unsqueeze(-1)
+    dm = (_f16(b, 2) * mins.float()).unsqueeze(-1)
+    return (d * q.float() - dm).reshape(b.shape[0], QK_K)
+
+
+def _q4_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    # 32 bytes per 64 elements: low nibbles first, then high nibbles.
+    q = _split_bits(b[:, 16:144].reshape(n, 4, 32), 4).reshape(n, 8, 32)
+    return _k_affine(b, q)
+
+
+def _q5_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    low = _split_bits(b[:, 48:176].reshape(n, 4, 32), 4).reshape(n, 8, 32)
+    high = _split_bits(b[:, 16:48], 1)
+    return _k_affine(b, low | (high << 4))
+
+
+def _q6_k(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    # Per 128-element half: 64 bytes of low nibbles (two planes each) and 32 bytes of 2-bit highs.
+    low = _split_bits(b[:, :128].reshape(n, 2, 64), 4).reshape(n, 2, 4, 32)
+    high = _split_bits(b[:, 128:192].reshape(n, 2, 32), 2)
+    q = (low | (high << 4)).to(torch.int16) - 32
+    scales = b[:, 192:208].view(torch.int8).float()
+    d = (_f16(b, 208) * scales).unsqueeze(-1)
+    return (d * q.reshape(n, 16, 16).float()).reshape(n, QK_K)
+
+
+_BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
+    GGMLQuantizationType.Q4_0: _q4_0,
+    GGMLQuantizationType.Q4_1: _q4_1,
+    GGMLQuantizationType.Q5_0: _q5_0,
+    GGMLQuantizationType.Q5_1: _q5_1,
+    GGMLQuantizationType.Q8_0: _q8_0,
+    GGMLQuantizationType.Q2_K: _q2_k,
+    GGMLQuantizationType.Q3_K: _q3_k,
+    GGMLQuantizationType.Q4_K: _q4_k,
+    GGMLQuantizationType.Q5_K: _q5_k,
+    GGMLQuantizationType.Q6_K: _q6_k,
+}
+
+_FLOAT_TYPES = {
+    GGMLQuantizationType.F32: torch.float32,
+    GGMLQuantizationType.F16: torch.float16,
+    GGMLQuantizationType.BF16: torch.bfloat16,
+}
+
+SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_BLOCK_DECODERS) | frozenset(_FLOAT_TYPES)
+
+
+def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of raw, without copying when it is already contiguous."""
+    if isinstance(raw, torch.Tensor):
+        return raw.contiguous().reshape(-1).view(torch.uint8)
+    flat = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    with warnings.catch_warnings():
+        # GGUFReader hands out read-only memmaps; nothing here writes to them.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(flat)
+
+
+def dequantize(
+    raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """Decode a GGUF tensor's raw data to a new float32 tensor of the given (torch-order) shape.
+
+    ``raw`` is what ``gguf.GGUFReader`` gives as ``ReaderTensor.data`` (any dtype and shape; only
+    its bytes matter), or a torch tensor of those bytes on any device.
+    """
+    qtype = GGMLQuantizationType(qtype)
+    if qtype not in SUPPORTED_TYPES:
+        raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
+    data = _as_bytes(raw)
+    numel = int(np.prod(shape))
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    if numel % block_size or data.numel() != numel // block_size * type_size:
+        raise ValueError(f"{data.numel()} bytes of {qtype.name} do not hold a tensor of shape {tuple(shape)}")
+    if qtype in _FLOAT_TYPES:
+        values = data.view(_FLOAT_TYPES[qtype])
+        # Always a fresh tensor: raw may be a read-only memmap.
+        return values.clone().reshape(shape) if values.dtype == torch.float32 else values.float().reshape(shape)
+    blocks = data.reshape(-1, type_size)
+    return _BLOCK_DECODERS[qtype](blocks).reshape(shape)
