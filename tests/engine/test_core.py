@@ -60,7 +60,7 @@ def test_prefix_cache_hit_matches_alone(tiny_llama_dir, prompts, reference):
     assert first == reference["greedy"]
     assert [o.outputs[0].token_ids for o in again] == reference["greedy"]
     assert sum(o.num_cached_tokens for o in again) > 0
-    assert llm.core.kv_cache_manager.hits > 0
+    assert llm.core.kv_cache_manager.prefix_cache_hits > 0
     _assert_no_leak(llm)
 
 
@@ -80,7 +80,7 @@ def test_n_samples_share_prompt_blocks(tiny_llama_dir, prompts):
     assert len(out.outputs) == 4
     assert len({tuple(o.token_ids) for o in out.outputs}) > 1
     # Samples 1..3 waited for sample 0's prefill and found its full prompt blocks in the cache.
-    assert llm.core.kv_cache_manager.hits >= 3 * (len(prompt) // 4) * 4
+    assert llm.core.kv_cache_manager.prefix_cache_hits >= 3 * (len(prompt) // 4) * 4
     _assert_no_leak(llm)
 
 

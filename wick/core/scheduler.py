@@ -24,11 +24,12 @@ class ScheduledRequest:
     request: Request
     num_new_tokens: int
     start: int
+    # Whether this step reaches the request's last token, so that a new token is sampled. Fixed
+    # when scheduled: it must not change once the sampled token has been appended.
+    samples: bool = field(init=False)
 
-    @property
-    def samples(self) -> bool:
-        """Whether this step reaches the request's last token, so a new token is sampled."""
-        return self.start + self.num_new_tokens == self.request.num_tokens
+    def __post_init__(self) -> None:
+        self.samples = self.start + self.num_new_tokens == self.request.num_tokens
 
 
 @dataclass

@@ -222,8 +222,8 @@ def _gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) ->
 
 
 def _sample_random(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """Temperature, top-k, top-p, min-p, then the seeded exponential race; every row samples
-    (greedy rows with temperature 1, and the caller replaces their result)."""
+    """Temperature, top-k, top-p, min-p, then the seeded exponential race. Greedy rows sample too
+    (at the smallest temperature, so nothing divides by zero) and the caller replaces their result."""
     temperature = metadata.temperature.clamp(min=_GREEDY_EPS)
     logits = logits / temperature[:, None]
     if not (metadata.no_top_k and metadata.no_top_p):
