@@ -140,7 +140,7 @@ class ModelRunner:
             query_start_loc=to_device(query_start, torch.int32),
             seq_lens=to_device(seq_lens, torch.int32),
             block_tables=to_device(tables, torch.int32),
-            max_query_len=max(b - a for a, b in zip(query_start, query_start[1:], strict=True)),
+            max_query_len=max(item.num_new_tokens for item in scheduled),
             max_seq_len=max(seq_lens), query_start_loc_cpu=query_start, seq_lens_cpu=seq_lens)
         with set_forward_context(metadata, self.backend):
             hidden = self.model(to_device(input_ids, torch.long), to_device(positions, torch.long))
