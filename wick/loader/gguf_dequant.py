@@ -35,41 +35,44 @@ def _low_high_nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     """[n, 4] bytes of a little-endian uint32 -> [n, 32] bits, bit j for element j."""
-    return _split_bits(qh, 1).transpose(-1, -2).reshape(qh.shape[0], -1)
+    shifts = torch.arange(8, dtype=torch.uint8, device=qh.device)
+    return ((qh.unsqueeze(-1) >> shifts) & 1).reshape(qh.shape[0], -1)
+
+
+# The decoders convert the integer codes to float32 once and finish in place on that copy: the
+# tensors can be hundreds of megabytes, and each fresh temporary costs as much as the arithmetic.
 
 
 def _q4_0(b: torch.Tensor) -> torch.Tensor:
-    q = _low_high_nibbles(b[:, 2:18]).to(torch.int16) - 8
-    return _f16(b, 0) * q.float()
+    return _low_high_nibbles(b[:, 2:18]).float().sub_(8).mul_(_f16(b, 0))
 
 
 def _q4_1(b: torch.Tensor) -> torch.Tensor:
-    q = _low_high_nibbles(b[:, 4:20])
-    return _f16(b, 0) * q.float() + _f16(b, 2)
+    return _low_high_nibbles(b[:, 4:20]).float().mul_(_f16(b, 0)).add_(_f16(b, 2))
 
 
 def _q5_0(b: torch.Tensor) -> torch.Tensor:
     q = _low_high_nibbles(b[:, 6:22]) | (_fifth_bits(b[:, 2:6]) << 4)
-    return _f16(b, 0) * (q.to(torch.int16) - 16).float()
+    return q.float().sub_(16).mul_(_f16(b, 0))
 
 
 def _q5_1(b: torch.Tensor) -> torch.Tensor:
     q = _low_high_nibbles(b[:, 8:24]) | (_fifth_bits(b[:, 4:8]) << 4)
-    return _f16(b, 0) * q.float() + _f16(b, 2)
+    return q.float().mul_(_f16(b, 0)).add_(_f16(b, 2))
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    return _f16(b, 0) * b[:, 2:34].view(torch.int8).float()
+    return b[:, 2:34].view(torch.int8).float().mul_(_f16(b, 0))
 
 
 def _q2_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
     scales = b[:, :16]
     # Each 32-byte half of qs holds 128 elements as four 2-bit planes of 32.
-    q = _split_bits(b[:, 16:80].reshape(n, 2, 32), 2).reshape(n, 16, 16).float()
+    q = _split_bits(b[:, 16:80].reshape(n, 2, 32), 2).reshape(n, 16, 16)
     dl = (_f16(b, 80) * (scales & 0xF).float()).unsqueeze(-1)
     ml = (_f16(b, 82) * (scales >> 4).float()).unsqueeze(-1)
-    return (dl * q - ml).reshape(n, QK_K)
+    return q.float().mul_(dl).sub_(ml).reshape(n, QK_K)
 
 
 def _q3_k(b: torch.Tensor) -> torch.Tensor:
@@ -82,9 +85,9 @@ def _q3_k(b: torch.Tensor) -> torch.Tensor:
     low_bits = _split_bits(b[:, 32:96].reshape(n, 2, 32), 2).reshape(n, 16, 16)
     # hmask bit (4 * half + plane) of byte l; a clear bit means the value is offset by -4.
     high_bit = _split_bits(b[:, :32], 1).reshape(n, 16, 16)
-    q = low_bits.to(torch.int16) - ((1 - high_bit.to(torch.int16)) << 2)
+    q = low_bits.to(torch.int8) - ((1 - high_bit.to(torch.int8)) << 2)
     dl = (_f16(b, 108) * scales.float()).unsqueeze(-1)
-    return (dl * q.float()).reshape(n, QK_K)
+    return q.float().mul_(dl).reshape(n, QK_K)
 
 
 def _k_scales_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +103,7 @@ def _k_affine(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     scales, mins = _k_scales_mins(b[:, 4:16])
     d = (_f16(b, 0) * scales.float()).unsqueeze(-1)
     dm = (_f16(b, 2) * mins.float()).unsqueeze(-1)
-    return (d * q.float() - dm).reshape(b.shape[0], QK_K)
+    return q.float().mul_(d).sub_(dm).reshape(b.shape[0], QK_K)
 
 
 def _q4_k(b: torch.Tensor) -> torch.Tensor:
@@ -122,10 +125,10 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     # Per 128-element half: 64 bytes of low nibbles (two planes each) and 32 bytes of 2-bit highs.
     low = _split_bits(b[:, :128].reshape(n, 2, 64), 4).reshape(n, 2, 4, 32)
     high = _split_bits(b[:, 128:192].reshape(n, 2, 32), 2)
-    q = (low | (high << 4)).to(torch.int16) - 32
+    q = (low | (high << 4)).view(torch.int8) - 32
     scales = b[:, 192:208].view(torch.int8).float()
     d = (_f16(b, 208) * scales).unsqueeze(-1)
-    return (d * q.reshape(n, 16, 16).float()).reshape(n, QK_K)
+    return q.reshape(n, 16, 16).float().mul_(d).reshape(n, QK_K)
 
 
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
