@@ -112,7 +112,10 @@ class OutputProcessor:
             for entry in out.new_logprobs:
                 output.logprobs.append(self._position_logprobs(entry))
                 output.cumulative_logprob += entry[1][0]
-        text, matched = sample.stop.feed(sample.detokenizer.add_tokens(out.new_token_ids))
+        delta = sample.detokenizer.add_tokens(out.new_token_ids)
+        if out.finish_reason is not None:
+            delta += sample.detokenizer.flush()
+        text, matched = sample.stop.feed(delta)
         if matched is not None:
             output.text += text
             output.finish_reason, output.stop_reason = "stop", matched
