@@ -20,7 +20,8 @@ def rope_parameters(config: PretrainedConfig) -> tuple[float, dict[str, Any] | N
     """
     params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
     theta = params.pop("rope_theta", None) or getattr(config, "rope_theta", None) or 10000.0
-    rope_type = params.pop("rope_type", None) or params.pop("type", None) or "default"
+    legacy_type = params.pop("type", None)
+    rope_type = params.pop("rope_type", None) or legacy_type or "default"
     if rope_type == "default":
         return float(theta), None
     return float(theta), {**params, "rope_type": rope_type}

@@ -16,4 +16,3 @@ def get_attention_backend(name: str | None, device: torch.device) -> AttentionBa
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r} for {device}; available: {', '.join(_BACKENDS)}")
     return _BACKENDS[name]()
-

@@ -20,7 +20,7 @@ class TorchAttentionBackend(AttentionBackend):
         metadata: AttentionMetadata,
         scale: float,
     ) -> torch.Tensor:
-        num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
         write = metadata.slot_mapping >= 0
         slots = metadata.slot_mapping[write]
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[write])
