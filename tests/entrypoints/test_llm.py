@@ -92,3 +92,17 @@ def test_qwen_coder_answers_a_coding_question(qwen_gguf):
                    SamplingParams(temperature=0.0, max_tokens=80))[0]
     text = out.outputs[0].text
     assert "def " in text and "return" in text and "sum" in text, text
+
+
+def test_dummy_model_without_tokenizer_takes_token_ids(tmp_path):
+    import json
+
+    config = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 1000, "max_position_embeddings": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    llm = LLM(str(tmp_path), load_format="dummy")
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=5, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 5 and out.text == "" and all(0 <= t < 1000 for t in out.token_ids)
+    with pytest.raises(ValueError, match="token ids"):
+        llm.generate("text needs a tokenizer")

@@ -19,7 +19,7 @@ from wick.worker.model_runner import TokenLogprobs
 class _Sample:
     parent: _RequestState
     output: CompletionOutput
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None: a model without a tokenizer gives no text
     stop: StopStringMatcher
 
 
@@ -43,7 +43,7 @@ def child_request_id(request_id: str, index: int, n: int) -> str:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
         self.tokenizer = tokenizer
         self._requests: dict[str, _RequestState] = {}
         self._samples: dict[str, _Sample] = {}
@@ -62,7 +62,7 @@ class OutputProcessor:
                 CompletionOutput(i, logprobs=[] if params.logprobs is not None else None,
                                  cumulative_logprob=0.0 if params.logprobs is not None else None),
                 IncrementalDetokenizer(self.tokenizer, prompt_token_ids, params.skip_special_tokens,
-                                       params.spaces_between_special_tokens),
+                                       params.spaces_between_special_tokens) if self.tokenizer else None,
                 StopStringMatcher(params.stop, params.include_stop_str_in_output))
             state.samples.append(sample)
             self._samples[child_id] = sample
@@ -112,9 +112,11 @@ class OutputProcessor:
             for entry in out.new_logprobs:
                 output.logprobs.append(self._position_logprobs(entry))
                 output.cumulative_logprob += entry[1][0]
-        delta = sample.detokenizer.add_tokens(out.new_token_ids)
-        if out.finish_reason is not None:
-            delta += sample.detokenizer.flush()
+        delta = ""
+        if sample.detokenizer is not None:
+            delta = sample.detokenizer.add_tokens(out.new_token_ids)
+            if out.finish_reason is not None:
+                delta += sample.detokenizer.flush()
         text, matched = sample.stop.feed(delta)
         if matched is not None:
             output.text += text
@@ -132,7 +134,7 @@ class OutputProcessor:
         for i, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
             if token_id not in result:
                 result[token_id] = Logprob(logprob, rank if i == 0 else i,
-                                           self.tokenizer.decode([token_id]))
+                                           self.tokenizer.decode([token_id]) if self.tokenizer else None)
         return result
 
     def _request_output(self, state: _RequestState) -> RequestOutput:

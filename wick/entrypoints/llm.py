@@ -27,15 +27,20 @@ class LLM:
         self.engine_args = EngineArgs(model=model, **kwargs)
         self.config = self.engine_args.create_engine_config()
         source = self.config.source
-        self.tokenizer: PreTrainedTokenizerBase = get_tokenizer(
-            source.tokenizer_path or source.path, gguf_file=source.gguf_file,
-            trust_remote_code=self.engine_args.trust_remote_code)
-        self.eos_token_ids = eos_token_ids(self.tokenizer, self.config.hf_config)
+        # A dummy model from a preset has no tokenizer: it takes and returns token ids only.
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self.eos_token_ids: list[int] = []
+        if source.kind != "dummy" or source.tokenizer_path:
+            self.tokenizer = get_tokenizer(source.tokenizer_path or source.path, gguf_file=source.gguf_file,
+                                           trust_remote_code=self.engine_args.trust_remote_code)
+            self.eos_token_ids = eos_token_ids(self.tokenizer, self.config.hf_config)
         self.core = EngineCore(self.config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> PreTrainedTokenizerBase:
+        if self.tokenizer is None:
+            raise ValueError("this model was loaded without a tokenizer: pass prompts as token ids")
         return self.tokenizer
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
@@ -54,13 +59,14 @@ class LLM:
              continue_final_message: bool = False, tools: list[dict] | None = None,
              chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
         encoded = []
         for conversation in conversations:
             text = apply_chat_template(
-                self.tokenizer, conversation, add_generation_prompt=add_generation_prompt, tools=tools,
+                tokenizer, conversation, add_generation_prompt=add_generation_prompt, tools=tools,
                 chat_template=chat_template or self.engine_args.chat_template,
                 continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
-            encoded.append((text, self.tokenizer.encode(text, add_special_tokens=False)))
+            encoded.append((text, tokenizer.encode(text, add_special_tokens=False)))
         return self._run(encoded, sampling_params, use_tqdm)
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
@@ -69,7 +75,7 @@ class LLM:
                 return prompt.get("prompt"), list(prompt["prompt_token_ids"])
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
+            return prompt, self.get_tokenizer().encode(prompt)
         return None, list(prompt)
 
     def _run(self, prompts: list[tuple[str | None, list[int]]],
