@@ -43,6 +43,7 @@ class EngineCore:
         self.runner = ModelRunner(config)
         num_blocks = self.runner.determine_num_blocks()
         self.runner.initialize_kv_cache(num_blocks)
+        self.runner.capture_cuda_graphs()
         tokens = num_blocks * config.block_size
         logger.info("KV cache: %d blocks of %d tokens = %d tokens; %.1f requests of %d tokens fit at once",
                     num_blocks, config.block_size, tokens, tokens / config.max_model_len, config.max_model_len)

@@ -17,6 +17,7 @@ from wick.layers.attention.selector import get_attention_backend
 from wick.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata, compute_prompt_logprobs
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
+from wick.worker.cuda_graph import DecodeGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
         self.num_blocks = 0
+        self.decode_graphs: DecodeGraphs | None = None
 
     def _load_model(self) -> nn.Module:
         cfg = self.config
@@ -113,6 +115,15 @@ class ModelRunner:
             layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=self.device)
             layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=self.device)
 
+    def capture_cuda_graphs(self) -> None:
+        """Captures decode graphs when the device and the attention backend allow it."""
+        cfg = self.config
+        if self.device.type != "cuda" or cfg.args.enforce_eager or not self.backend.supports_cuda_graph:
+            return
+        self.decode_graphs = DecodeGraphs(self.model, self.backend, cfg.max_num_seqs, cfg.max_model_len,
+                                          self.block_size, self.device)
+        self.decode_graphs.capture()
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         scheduled = scheduler_output.scheduled
@@ -142,8 +153,13 @@ class ModelRunner:
             block_tables=to_device(tables, torch.int32),
             max_query_len=max(item.num_new_tokens for item in scheduled),
             max_seq_len=max(seq_lens), query_start_loc_cpu=query_start, seq_lens_cpu=seq_lens)
-        with set_forward_context(metadata, self.backend):
-            hidden = self.model(to_device(input_ids, torch.long), to_device(positions, torch.long))
+        graphs = self.decode_graphs
+        if graphs is not None and metadata.max_query_len == 1 and len(scheduled) <= graphs.max_batch_size:
+            hidden = graphs.run(to_device(input_ids, torch.long), to_device(positions, torch.long),
+                                metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
+        else:
+            with set_forward_context(metadata, self.backend):
+                hidden = self.model(to_device(input_ids, torch.long), to_device(positions, torch.long))
 
         output = ModelRunnerOutput()
         samplers = [(i, item.request) for i, item in enumerate(scheduled) if item.samples]

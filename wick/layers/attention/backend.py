@@ -10,6 +10,10 @@ from wick.layers.attention.metadata import AttentionMetadata
 
 
 class AttentionBackend(ABC):
+    # True when forward() reads no host-side per-request values, so a decode step can be captured in
+    # a CUDA graph (the grid may depend only on the batch size and metadata.max_seq_len).
+    supports_cuda_graph: bool = False
+
     @abstractmethod
     def forward(
         self,

@@ -1,0 +1,70 @@
+"""What every benchmark prints beside its figures: the machine, the versions, the copy bandwidth."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+
+import torch
+import transformers
+
+
+def environment() -> dict[str, str]:
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["device"] = f"{props.name} ({props.total_memory / 2**30:.0f} GiB)"
+    else:
+        info["device"] = "cpu"
+    return info
+
+
+def copy_bandwidth(num_bytes: int = 2 << 30, repeats: int = 10) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read and written."""
+    src = torch.empty(num_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / repeats
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * num_bytes / seconds
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes one forward pass must read: every parameter once (the embedding table only sparsely)."""
+    total = 0
+    for name, param in model.named_parameters():
+        if "embed_tokens" in name and not model.config.tie_word_embeddings:
+            continue
+        total += param.numel() * param.element_size()
+    return total
+
+
+def kv_bytes_per_token(model: torch.nn.Module) -> int:
+    from wick.layers.attention.layer import Attention
+
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    elem = next(model.parameters()).element_size()
+    return sum(2 * m.num_kv_heads * m.head_dim * elem for m in layers)
+
+
+def print_environment() -> None:
+    print(" | ".join(f"{k} {v}" for k, v in environment().items()))
