@@ -42,6 +42,11 @@ def child_request_id(request_id: str, index: int, n: int) -> str:
     return request_id if n == 1 else f"{index}_{request_id}"
 
 
+def child_seed(seed: int | None, index: int) -> int | None:
+    """The seed of sample `index` of a request with n > 1: distinct per sample, reproducible."""
+    return None if seed is None else (seed + index * 0x9E3779B97F4A7C15) % 2**63
+
+
 class OutputProcessor:
     def __init__(self, tokenizer: PreTrainedTokenizerBase | None) -> None:
         self.tokenizer = tokenizer

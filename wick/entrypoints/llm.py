@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 
 from wick.config import EngineArgs
 from wick.engine.core import EngineCore, EngineCoreRequest
-from wick.engine.output_processor import OutputProcessor
+from wick.engine.output_processor import OutputProcessor, child_seed
 from wick.outputs import RequestOutput
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.chat_template import apply_chat_template
@@ -103,8 +103,7 @@ class LLM:
         child_ids = self.output_processor.add_request(request_id, prompt, token_ids, params)
         child_params = params.clone(n=1) if params.n > 1 else params
         for i, child_id in enumerate(child_ids):
-            seed = None if params.seed is None else (params.seed + i * 0x9E3779B97F4A7C15) % 2**63
-            self.core.add_request(EngineCoreRequest(child_id, token_ids, child_params, seed,
+            self.core.add_request(EngineCoreRequest(child_id, token_ids, child_params, child_seed(params.seed, i),
                                                     prefill_leader=child_ids[0] if i else None))
         return request_id
 
