@@ -1,0 +1,79 @@
+"""Times our paged attention kernel on CUDA: decode (batch 1/64/256 x context 1024/8192) and an 8192-token
+prefill. Prints microseconds and the achieved K/V read bandwidth (bytes of the K/V the batch attends
+to / time); decode also shows the split-KV choice against no split.
+
+    python -m benchmarks.kernels.bench_paged_attention [--num-heads 32 --num-kv-heads 8 --head-dim 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+from benchmarks.common import print_environment
+from wick.kernels.paged_attention import choose_num_splits, num_query_tiles, paged_attention, tile_config
+
+BLOCK_SIZE = 16
+
+
+def make_inputs(query_lens: list[int], seq_lens: list[int], args: argparse.Namespace) -> tuple[torch.Tensor, ...]:
+    dtype = getattr(torch, args.dtype)
+    pages_per_req = -(-max(seq_lens) // BLOCK_SIZE)
+    num_pages = pages_per_req * len(seq_lens)
+    caches = torch.randn(2, num_pages, BLOCK_SIZE, args.num_kv_heads, args.head_dim, dtype=dtype, device="cuda")
+    block_tables = torch.randperm(num_pages, device="cuda").int().view(len(seq_lens), pages_per_req)
+    q = torch.randn(sum(query_lens), args.num_heads, args.head_dim, dtype=dtype, device="cuda")
+    starts = torch.tensor([0, *query_lens], device="cuda").cumsum(0).int()
+    return q, caches[0], caches[1], starts, torch.tensor(seq_lens, dtype=torch.int32, device="cuda"), block_tables
+
+
+def time_us(inputs: tuple[torch.Tensor, ...], max_query_len: int, max_seq_len: int, num_splits: int | None) -> float:
+    scale = inputs[0].shape[-1] ** -0.5
+    out = torch.empty_like(inputs[0])
+    run = lambda: paged_attention(*inputs, scale, max_query_len, max_seq_len, out=out, num_splits=num_splits)
+    return do_bench(run, warmup=25, rep=200) * 1e3
+
+
+def kv_bytes(seq_lens: list[int], args: argparse.Namespace) -> int:
+    return 2 * sum(seq_lens) * args.num_kv_heads * args.head_dim * getattr(torch, args.dtype).itemsize
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-heads", type=int, default=32)
+    parser.add_argument("--num-kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_paged_attention needs a CUDA device")
+    print_environment()
+    print(f"heads {args.num_heads}/{args.num_kv_heads}, head_dim {args.head_dim}, {args.dtype}, page {BLOCK_SIZE}")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    group = args.num_heads // args.num_kv_heads
+
+    print(f"{'decode':>8} {'context':>8} {'splits':>6} {'us':>9} {'GB/s':>8} {'us (no split)':>14} {'GB/s':>8}")
+    for batch in (1, 64, 256):
+        for context in (1024, 8192):
+            seq_lens = [context] * batch
+            inputs = make_inputs([1] * batch, seq_lens, args)
+            block_q = tile_config(1, group, args.head_dim)[0]
+            splits = choose_num_splits(num_query_tiles(batch, batch, block_q) * args.num_kv_heads, context, sms)
+            auto, single = time_us(inputs, 1, context, None), time_us(inputs, 1, context, 1)
+            gbs = kv_bytes(seq_lens, args) / 1e3
+            print(f"{batch:>8} {context:>8} {splits:>6} {auto:>9.1f} {gbs / auto:>8.0f} {single:>14.1f} "
+                  f"{gbs / single:>8.0f}")
+            del inputs
+
+    for query_lens in ([8192], [1024] * 8):
+        inputs = make_inputs(query_lens, query_lens, args)
+        us = time_us(inputs, max(query_lens), max(query_lens), None)
+        causal_flops = sum(4 * n * (n + 1) / 2 * args.num_heads * args.head_dim for n in query_lens)
+        print(f"prefill {len(query_lens)} x {query_lens[0]} tokens: {us:.1f} us, "
+              f"{kv_bytes(query_lens, args) / 1e3 / us:.0f} GB/s of K/V, {causal_flops / us / 1e6:.0f} TFLOP/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The paged attention kernel against its pure-torch reference: prefill, chunked prefill over cached
+context, decode and mixed batches, GQA, split-KV, padding rows."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from wick.kernels.paged_attention import choose_num_splits, paged_attention, paged_attention_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+MIXED = ([1, 9, 17, 30, 70], [1, 9, 5, 1, 3])  # (seq_lens, query_lens): prefills, chunks over context, decodes
+DECODE = ([1, 16, 17, 40], [1, 1, 1, 1])
+TOLERANCE = {torch.float32: 2e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+class Batch(NamedTuple):
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_tables: torch.Tensor
+
+
+def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int,
+               block_size: int, dtype: torch.dtype, pad_tokens: int = 0, device: str = DEVICE) -> Batch:
+    """Pages in random order; page 0 (what block tables are padded with) and every slot past a
+    request's context hold NaN, which the kernel must never let into a result."""
+    torch.manual_seed(0)
+    num_pages = [-(-n // block_size) for n in seq_lens]
+    order = (torch.randperm(sum(num_pages)) + 1).tolist()
+    tables = [[order.pop() for _ in range(n)] for n in num_pages]
+    width = max(num_pages)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    caches = torch.full((2, sum(num_pages) + 1, block_size, num_kv_heads, head_dim), float("nan"), dtype=dtype)
+    for table, seq_len in zip(tables, seq_lens, strict=True):
+        flat = caches[:, table].flatten(1, 2)
+        flat[:, :seq_len] = torch.randn(2, seq_len, num_kv_heads, head_dim, dtype=dtype)
+        caches[:, table] = flat.unflatten(1, (len(table), block_size))
+    starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
+    q = torch.randn(sum(query_lens) + pad_tokens, num_heads, head_dim, dtype=dtype)
+    tensors = (q, caches[0], caches[1], starts, torch.tensor(seq_lens, dtype=torch.int32), block_tables)
+    return Batch(*(t.to(device) for t in tensors))
+
+
+def check(seq_lens: list[int], query_lens: list[int], num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
+          block_size: int = 4, dtype: torch.dtype = torch.float32, num_splits: int | None = None,
+          device: str = DEVICE) -> None:
+    batch = make_batch(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device=device)
+    scale = head_dim**-0.5
+    out = paged_attention(*batch, scale, max(query_lens), max(seq_lens), num_splits=num_splits)
+    expected = paged_attention_ref(*batch, scale)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_mixed_batch(dtype: torch.dtype, group: int) -> None:
+    check(*MIXED, num_heads=2 * group, dtype=dtype)
+
+
+@pytest.mark.parametrize("group", [1, 4])
+def test_decode(group: int) -> None:
+    check(*DECODE, num_heads=2 * group, head_dim=32, block_size=16, dtype=torch.float16)
+
+
+def test_prefill_longer_than_a_tile() -> None:
+    check([150, 70], [150, 70], num_heads=2, num_kv_heads=1, block_size=16)
+
+
+def test_group_not_a_power_of_two() -> None:
+    check(*MIXED, num_heads=6, num_kv_heads=2)
+
+
+@pytest.mark.parametrize("num_splits", [2, 3])
+@pytest.mark.parametrize("shape", [MIXED, DECODE], ids=["mixed", "decode"])
+def test_split_kv(shape: tuple[list[int], list[int]], num_splits: int) -> None:
+    check(*shape, num_heads=8, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_rows_outside_requests_untouched(num_splits: int) -> None:
+    batch = make_batch(*DECODE, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32,
+                       pad_tokens=3)
+    out = torch.full_like(batch.q, 7.0)
+    paged_attention(*batch, 0.25, 1, max(DECODE[0]), out=out, num_splits=num_splits)
+    assert (out[-3:] == 7.0).all()
+    torch.testing.assert_close(out[:-3], paged_attention_ref(*batch, 0.25)[:-3], atol=2e-5, rtol=2e-5)
+
+
+def test_split_choice() -> None:
+    sms = 132
+    assert choose_num_splits(num_programs=8, max_seq_len=8192, num_sms=sms) > 1  # one request, 8 KV heads
+    assert choose_num_splits(num_programs=8, max_seq_len=256, num_sms=sms) == 1  # short context
+    assert choose_num_splits(num_programs=512, max_seq_len=8192, num_sms=sms) == 1  # the batch fills the GPU
+    assert choose_num_splits(num_programs=1, max_seq_len=1 << 20, num_sms=sms) == 64
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("batch_size", [1, 64])
+def test_decode_bf16_cuda(batch_size: int, head_dim: int, num_splits: int | None) -> None:
+    seq_lens = torch.randint(1, 1025, (batch_size,), generator=torch.Generator().manual_seed(1)).tolist()
+    seq_lens[0] = 1024
+    check(seq_lens, [1] * batch_size, num_heads=16, num_kv_heads=8, head_dim=head_dim, block_size=16,
+          dtype=torch.bfloat16, num_splits=num_splits, device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_long_decode_splits_bf16_cuda() -> None:
+    check([8192], [1], num_heads=32, num_kv_heads=8, head_dim=128, block_size=16, dtype=torch.bfloat16,
+          device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("num_heads", [16, 32])
+def test_prefill_bf16_cuda(num_heads: int) -> None:
+    check([1000, 1000], [1000, 1000], num_heads=num_heads, num_kv_heads=8, head_dim=128, block_size=16,
+          dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 256])
+def test_chunked_prefill_and_decode_bf16_cuda(head_dim: int) -> None:
+    check([1000, 3000, 700, 5000, 17], [1000, 500, 1, 1, 17], num_heads=14, num_kv_heads=2, head_dim=head_dim,
+          block_size=16, dtype=torch.bfloat16, device="cuda")

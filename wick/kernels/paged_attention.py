@@ -1,0 +1,288 @@
+"""One paged attention kernel for prefill, chunked prefill over cached context, and decode.
+
+A program owns one KV head and a tile of BLOCK_M = BLOCK_Q * GROUP_PAD rows: BLOCK_Q query tokens of
+one request times the GROUP query heads sharing that KV head (padded to a power of two), so each K/V
+tile read through the block table serves every query head of the group. A request's queries are its
+last query_len context positions (causal). Softmax is online, in fp32, in base 2.
+
+Split-KV: with num_splits > 1 each program covers one slice of its tile's keys and writes an
+unnormalised partial result with its running max and sum; _combine_splits_kernel merges them.
+
+The launch reads no device values on the host: the grid depends only on q.shape[0], the number of
+requests, max_query_len and (through the split choice) max_seq_len, so a decode step can be captured
+in a CUDA graph as long as those stay fixed between capture and replay (see paged_attention()).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MIN_SPLIT_TOKENS = 256  # fewer keys per split and the combine step costs more than the split gains
+MAX_SPLITS = 64
+
+
+@triton.jit
+def _attend_tile(
+    acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale,
+    stride_kb, stride_ks, stride_vb, stride_vs,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    keys = start_n + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, HEAD_DIM)
+    in_range = keys < kv_end
+    if MASKED:
+        page = tl.load(table_ptr + keys // BLOCK_SIZE, mask=in_range, other=0).to(tl.int64)
+    else:
+        page = tl.load(table_ptr + keys // BLOCK_SIZE).to(tl.int64)
+    slot = (keys % BLOCK_SIZE).to(tl.int64)
+    k = tl.load(k_ptr + (page * stride_kb + slot * stride_ks)[:, None] + dims[None, :])
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    v_ptrs = v_ptr + (page * stride_vb + slot * stride_vs)[:, None] + dims[None, :]
+    if MASKED:
+        qk = tl.where(keys[None, :] <= pos[:, None], qk, float("-inf"))
+        # unwritten cache memory may hold NaN, which a zero probability would not cancel
+        v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
+    else:
+        v = tl.load(v_ptrs)
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.exp2(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+    qk_scale, num_reqs,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
+    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
+
+    # Request i owns the query tiles from first_tile(i) = query_start_loc[i] // BLOCK_Q + i on (the
+    # "+ i" leaves room for a partial tile per request); this program's request is the last one
+    # whose first tile is <= pid.
+    count = tl.zeros([], dtype=tl.int32)
+    for start in range(0, num_reqs, REQ_CHUNK):
+        idx = start + tl.arange(0, REQ_CHUNK)
+        first_tile = tl.load(query_start_loc_ptr + idx, mask=idx < num_reqs, other=0) // BLOCK_Q
+        if BLOCK_Q > 1:
+            first_tile += idx
+        count += tl.sum(((first_tile <= pid) & (idx < num_reqs)).to(tl.int32), 0)
+    req = count - 1
+    q_start = tl.load(query_start_loc_ptr + req)
+    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+    tile = pid - q_start // BLOCK_Q
+    if BLOCK_Q > 1:
+        tile -= req
+    q_first = tile * BLOCK_Q
+    if q_first >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    context = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q_tok = q_first + rows // GROUP_PAD
+    head_in_group = rows % GROUP_PAD
+    row_valid = (q_tok < q_len) & (head_in_group < GROUP)
+    token = (q_start + q_tok).to(tl.int64)
+    head = kv_head * GROUP + head_in_group
+    pos = context + q_tok
+    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+                mask=row_valid[:, None], other=0.0)
+
+    # keys [0, full_end) are visible to every row of the tile; [full_end, kv_end) need the causal mask
+    kv_end = tl.minimum(context + q_first + BLOCK_Q, seq_len)
+    full_end = (context + q_first + 1) // BLOCK_N * BLOCK_N
+    tiles_per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits)
+    lo = split * tiles_per_split * BLOCK_N
+    hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
+    mid = tl.maximum(lo, tl.minimum(hi, full_end))
+
+    k_ptr = k_cache_ptr + kv_head * stride_kh
+    v_ptr = v_cache_ptr + kv_head * stride_vh
+    table_ptr = block_tables_ptr + req.to(tl.int64) * stride_bt
+    m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start_n in range(lo, mid, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale,
+                                     stride_kb, stride_ks, stride_vb, stride_vs,
+                                     BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, DOT_PRECISION)
+    for start_n in range(mid, hi, BLOCK_N):
+        acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale,
+                                     stride_kb, stride_ks, stride_vb, stride_vs,
+                                     BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, DOT_PRECISION)
+
+    if SPLIT:
+        part = (token * (tl.num_programs(1) * GROUP) + head) * num_splits + split
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_m_ptr + part, m_i, mask=row_valid)
+        tl.store(part_l_ptr + part, l_i, mask=row_valid)
+    else:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+@triton.jit
+def _combine_splits_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_reqs, num_splits,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    if token >= tl.load(query_start_loc_ptr + num_reqs):
+        return
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    valid = splits < num_splits
+    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
+    m = tl.load(part_m_ptr + part, mask=valid, other=float("-inf"))
+    l_part = tl.load(part_l_ptr + part, mask=valid, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None], other=0.0)
+    weight = tl.exp2(m - tl.max(m, 0))
+    total = tl.sum(weight * l_part, 0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def tile_config(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_Q, GROUP_PAD, BLOCK_N): query tokens per tile, padded group size, keys per K/V tile."""
+    group_pad = triton.next_power_of_2(group)
+    rows = min(64, max(16, triton.next_power_of_2(max_query_len) * group_pad))  # tl.dot needs >= 16 rows
+    # measured on an H200: decode reads K/V fastest in 128-key tiles, prefill computes fastest in 64
+    block_n = 32 if head_dim > 128 else 128 if max_query_len == 1 else 64
+    return max(1, rows // group_pad), group_pad, block_n
+
+
+def num_query_tiles(num_tokens: int, num_reqs: int, block_q: int) -> int:
+    """The grid's first dimension: an upper bound on the query tiles of all requests."""
+    return num_tokens if block_q == 1 else num_tokens // block_q + num_reqs
+
+
+def choose_num_splits(num_programs: int, max_seq_len: int, num_sms: int) -> int:
+    """Split the keys when the batch alone would leave most of the GPU idle and contexts are long."""
+    if num_programs >= num_sms or max_seq_len < 2 * MIN_SPLIT_TOKENS:
+        return 1
+    return min(MAX_SPLITS, triton.cdiv(2 * num_sms, num_programs), max_seq_len // MIN_SPLIT_TOKENS)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    max_query_len: int,
+    max_seq_len: int,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Causal paged attention of a packed batch of queries over their requests' cached keys/values.
+
+    q [T, H, D]; k_cache, v_cache [num_blocks, block_size, Hkv, D] (H a multiple of Hkv, D a power
+    of two in [16, 256]); query_start_loc [num_reqs + 1], seq_lens [num_reqs], block_tables
+    [num_reqs, max_blocks] int32 on q's device. Request i's queries are rows
+    query_start_loc[i]:query_start_loc[i+1] of q and sit at the end of its seq_lens[i] positions.
+    max_query_len and max_seq_len bound those of the batch (max_seq_len only steers the split
+    choice; num_splits overrides it). Rows past query_start_loc[num_reqs] are not written.
+    Returns out [T, H, D] in q's dtype.
+
+    For CUDA-graph capture, keep q.shape[0], num_reqs, max_query_len, max_seq_len (a fixed upper
+    bound such as max_model_len) and scale the same at capture and replay.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_reqs = seq_lens.shape[0]
+    if out is None:
+        out = torch.empty_like(q)
+    if num_tokens == 0 or num_reqs == 0:
+        return out
+    if head_dim < 16 or head_dim > 256 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
+    if q.stride(-1) != 1 or out.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("paged_attention needs the head dimension contiguous")
+    group = num_heads // num_kv_heads
+    block_q, group_pad, block_n = tile_config(max_query_len, group, head_dim)
+    query_tiles = num_query_tiles(num_tokens, num_reqs, block_q)
+    if num_splits is None:
+        num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
+    split = num_splits > 1
+    if split:
+        part_acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        part_m = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
+        part_l = torch.empty_like(part_m)
+    else:
+        part_acc = part_m = part_l = out
+    _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, part_acc, part_m, part_l,
+        query_start_loc, seq_lens, block_tables,
+        scale * LOG2E, num_reqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, REQ_CHUNK=min(128, triton.next_power_of_2(num_reqs)),
+        SPLIT=split, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
+    )
+    if split:
+        _combine_splits_kernel[(num_tokens, num_heads)](
+            out, part_acc, part_m, part_l, query_start_loc, num_reqs, num_splits,
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+        )
+    return out
+
+
+def paged_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Pure-torch reference of paged_attention, in fp32, one request at a time; other rows are zero."""
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = q.shape[1] // num_kv_heads
+    out = torch.zeros_like(q)
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        start, end = starts[i], starts[i + 1]
+        pages = block_tables[i, : math.ceil(seq_len / block_size)].long()
+        keys, values = (c[pages].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
+                        for c in (k_cache, v_cache))
+        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale
+        query_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
+        visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
+        out[start:end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+    return out

@@ -1,0 +1,33 @@
+"""Paged attention with our Triton kernels: one kernel writes K/V into the pages, one attends."""
+
+from __future__ import annotations
+
+import torch
+
+from wick.kernels.kv_cache_write import kv_cache_write
+from wick.kernels.paged_attention import paged_attention
+from wick.layers.attention.backend import AttentionBackend
+from wick.layers.attention.metadata import AttentionMetadata
+
+
+class TritonAttentionBackend(AttentionBackend):
+    # the kernels' grids depend only on the token count, the request count, max_query_len and max_seq_len
+    supports_cuda_graph = True
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
+                              metadata.block_tables, scale, metadata.max_query_len, metadata.max_seq_len)
+        num_request_tokens = metadata.query_start_loc_cpu[-1]
+        if num_request_tokens < q.shape[0]:
+            out[num_request_tokens:].zero_()  # tokens of no request, left unwritten by the kernel
+        return out
