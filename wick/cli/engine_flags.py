@@ -8,7 +8,8 @@ from wick.config import EngineArgs
 
 
 def add_engine_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", "--m", default=None,
+    # --w (weights folder) and --f (weights file) are candle-vllm's names.
+    parser.add_argument("--model", "--m", "--w", "--f", default=None,
                         help="safetensors folder, HF model id, .gguf file or (with --load-format dummy) a preset; "
                              "default: SmolLM2-135M-Instruct")
     parser.add_argument("--tokenizer", default=None)
