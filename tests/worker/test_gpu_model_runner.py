@@ -1,0 +1,75 @@
+"""On the GPU (Triton attention, CUDA graphs, bf16), the small test model's greedy tokens match the
+CPU torch backend's."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from wick import LLM, SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def small_model_dir(tmp_path_factory) -> str:
+    """A random Llama with a word-level tokenizer of its own (no model files needed on the GPU machine)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("small-llama")
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1", unk_token="t0").save_pretrained(folder)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.3, eos_token_id=1, bos_token_id=0)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    return [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (5, 17, 33, 64, 100, 3, 48, 9)]
+
+
+def _gpu_llm(folder: str, dtype: str, enforce_eager: bool) -> LLM:
+    llm = LLM(folder, device="cuda", dtype=dtype, attention_backend="triton", enforce_eager=enforce_eager,
+              max_num_seqs=16, kv_cache_memory=1 << 30)
+    assert (llm.core.runner.decode_graphs is None) == enforce_eager
+    return llm
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_fp32_gpu_greedy_equals_cpu_torch_backend(small_model_dir, enforce_eager):
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch")
+    expected = [o.outputs[0].token_ids for o in cpu.generate(_prompts(), params)]
+    gpu = _gpu_llm(small_model_dir, "float32", enforce_eager)
+    assert [o.outputs[0].token_ids for o in gpu.generate(_prompts(), params)] == expected
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_bf16_gpu_greedy_follows_cpu_reference(small_model_dir, enforce_eager):
+    """bf16 rounding may flip a close call: tokens are identical up to a divergence, and there the GPU's
+    choice is among the fp32 reference's top 5 (vLLM's check_logprobs_close)."""
+    reference = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch").generate(
+        _prompts(), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=5))
+    gpu = _gpu_llm(small_model_dir, "bfloat16", enforce_eager)
+    outputs = gpu.generate(_prompts(), SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    for ref, out in zip(reference, outputs, strict=True):
+        expected, got = ref.outputs[0].token_ids, out.outputs[0].token_ids
+        if got != expected:
+            i = next(i for i, (a, b) in enumerate(zip(expected, got, strict=True)) if a != b)
+            assert got[i] in ref.outputs[0].logprobs[i], f"prompt {ref.request_id}: token {i} not in the top 5"
+    # Teacher-forced over the reference's own tokens, bf16 logprobs stay close to fp32 ones everywhere.
+    sequences = [{"prompt_token_ids": r.prompt_token_ids + r.outputs[0].token_ids} for r in reference]
+    scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch").generate(sequences, scored)
+    for a, b in zip(cpu, gpu.generate(sequences, scored), strict=True):
+        for token_id, x, y in zip(a.prompt_token_ids[1:], a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
+            assert abs(x[token_id].logprob - y[token_id].logprob) < 0.1 + 0.03 * abs(x[token_id].logprob)
