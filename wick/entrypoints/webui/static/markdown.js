@@ -23,7 +23,7 @@ const LANGUAGES = { bash, c, cpp, css, diff, go, java, javascript, json, markdow
                     xml, yaml };
 for (const [name, grammar] of Object.entries(LANGUAGES)) hljs.registerLanguage(name, grammar);
 
-export function escapeHtml(text) {
+function escapeHtml(text) {
   return text.replace(/[&<>"']/g, (ch) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[ch]);
 }
 
