@@ -24,7 +24,17 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
+        """Without residual: norm(x). With residual: (norm(x + residual), x + residual).
+
+        On CUDA one fused kernel runs, and x + residual is written into residual in place.
+        """
+        if x.is_cuda:
+            # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+            from wick.kernels.rms_norm import fused_add_rms_norm, rms_norm
+
+            if residual is None:
+                return rms_norm(x, self.weight, self.eps)
+            return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
         x = x + residual

@@ -92,6 +92,11 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated."""
+        if q.is_cuda:
+            # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+            from wick.kernels.rotary import rotary_embedding
+
+            return rotary_embedding(positions, q, k, self.cos_sin_cache)
         cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 

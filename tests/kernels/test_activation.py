@@ -1,0 +1,81 @@
+"""The fused SiLU-and-mul kernel against its pure-torch reference and the SiluAndMul layer's torch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wick.kernels.activation import silu_and_mul, silu_and_mul_ref
+from wick.layers.activation import SiluAndMul
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# one ulp of the dtype (exp and the division may round differently from torch's)
+TOLERANCE = {
+    torch.float32: {"rtol": 1e-6, "atol": 1e-6},
+    torch.float16: {"rtol": 2**-10, "atol": 1e-5},
+    torch.bfloat16: {"rtol": 2**-7, "atol": 1e-5},
+}
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def check(x: torch.Tensor) -> None:
+    out = silu_and_mul(x)
+    expected = silu_and_mul_ref(x)
+    assert out.shape == expected.shape and out.is_contiguous()
+    torch.testing.assert_close(out, expected, **TOLERANCE[x.dtype])
+    if x.dtype != torch.float32:  # fp32 keeps the last bit in which exp implementations differ
+        assert (out == expected).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("features", [40, 1100])
+def test_matches_reference(dtype: torch.dtype, features: int) -> None:
+    torch.manual_seed(0)
+    check(torch.randn(3, 2 * features, dtype=dtype, device=DEVICE) * 4)
+
+
+def test_strided_rows_and_leading_dims() -> None:
+    torch.manual_seed(0)
+    wide = torch.randn(4, 2 * 48 + 16, device=DEVICE)
+    check(wide[:, : 2 * 48])
+    check(torch.randn(2, 3, 64, device=DEVICE))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_layer_torch_path(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(5, 64, dtype=dtype) * 4
+    torch.testing.assert_close(silu_and_mul(x.to(DEVICE)).cpu(), SiluAndMul()(x), **TOLERANCE[dtype])
+
+
+def test_rejects_odd_width() -> None:
+    with pytest.raises(ValueError, match="even"):
+        silu_and_mul(torch.randn(2, 7, device=DEVICE))
+
+
+def test_no_rows() -> None:
+    assert silu_and_mul(torch.empty(0, 32, device=DEVICE)).shape == (0, 16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("num_tokens", [1, 256, 8192])
+@pytest.mark.parametrize("features", [3072, 14336])
+def test_bf16_cuda(num_tokens: int, features: int) -> None:
+    torch.manual_seed(0)
+    check(torch.randn(num_tokens, 2 * features, dtype=torch.bfloat16, device=DEVICE) * 4)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_layer_dispatches_and_captures_in_cuda_graph() -> None:
+    torch.manual_seed(0)
+    layer = SiluAndMul()
+    x = torch.randn(8, 2 * 3072, dtype=torch.bfloat16, device=DEVICE)
+    layer(x)  # compiles the kernel outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = layer(x)
+    x.normal_()
+    graph.replay()
+    torch.testing.assert_close(out, silu_and_mul_ref(x), **TOLERANCE[torch.bfloat16])

@@ -1,0 +1,89 @@
+"""The fused rotary kernel against its pure-torch reference and the RotaryEmbedding layer's torch path:
+both round as the torch ops do, so they must agree bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wick.kernels.rotary import rotary_embedding, rotary_embedding_ref
+from wick.layers.rotary import get_rope
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+MAX_POS = 1024
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256}
+
+
+def qk_views(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int,
+             dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, Hq * D] as a view into one qkv row (as the models produce it) and k [T, Hk, D] contiguous."""
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=DEVICE)
+    q = qkv[:, : num_heads * head_dim]
+    k = torch.randn(num_tokens, num_kv_heads, head_dim, dtype=dtype, device=DEVICE)
+    return q, k
+
+
+def check(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    rope = get_rope(head_dim, MAX_POS, 10000.0, YARN).to(DEVICE)
+    positions = torch.randint(0, rope.cos_sin_cache.shape[0], (num_tokens,), device=DEVICE)
+    q, k = qk_views(num_tokens, num_heads, num_kv_heads, head_dim, dtype)
+    q_before, k_before = q.clone(), k.clone()
+    out_q, out_k = rotary_embedding(positions, q, k, rope.cos_sin_cache)
+    expected_q, expected_k = rotary_embedding_ref(positions, q, k, rope.cos_sin_cache)
+    assert out_q.shape == q.shape and out_k.shape == k.shape and out_q.is_contiguous()
+    torch.testing.assert_close(out_q, expected_q, atol=0, rtol=0)
+    torch.testing.assert_close(out_k, expected_k, atol=0, rtol=0)
+    assert torch.equal(q, q_before) and torch.equal(k, k_before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 16), (3, 1, 24)])
+def test_matches_reference(dtype: torch.dtype, num_heads: int, num_kv_heads: int, head_dim: int) -> None:
+    check(num_tokens=5, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_matches_layer_torch_path(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    rope = get_rope(32, MAX_POS, 10000.0)
+    positions = torch.tensor([0, 1, 7, 500, 1023])
+    q, k = torch.randn(5, 4 * 32, dtype=dtype), torch.randn(5, 2, 32, dtype=dtype)
+    expected_q, expected_k = rope(positions, q, k)
+    out_q, out_k = rotary_embedding(positions.to(DEVICE), q.to(DEVICE), k.to(DEVICE), rope.cos_sin_cache.to(DEVICE))
+    torch.testing.assert_close(out_q.cpu(), expected_q, atol=0, rtol=0)
+    torch.testing.assert_close(out_k.cpu(), expected_k, atol=0, rtol=0)
+
+
+def test_no_tokens() -> None:
+    rope = get_rope(16, MAX_POS, 10000.0).to(DEVICE)
+    empty = torch.empty(0, 32, device=DEVICE)
+    out_q, out_k = rotary_embedding(torch.empty(0, dtype=torch.int64, device=DEVICE), empty, empty, rope.cos_sin_cache)
+    assert out_q.shape == (0, 32) and out_k.shape == (0, 32)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("num_tokens", [1, 256, 8192])
+def test_bf16_cuda(num_tokens: int) -> None:
+    check(num_tokens, num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_layer_dispatches_and_captures_in_cuda_graph() -> None:
+    torch.manual_seed(0)
+    rope = get_rope(128, MAX_POS, 1000000.0).to(DEVICE)
+    positions = torch.randint(0, MAX_POS, (8,), device=DEVICE)
+    q, k = qk_views(8, 16, 8, 128, torch.bfloat16)
+    rope(positions, q, k)  # compiles the kernel outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_q, out_k = rope(positions, q, k)
+    positions.random_(0, MAX_POS)
+    q.normal_()
+    graph.replay()
+    expected_q, expected_k = rotary_embedding_ref(positions, q, k, rope.cos_sin_cache)
+    torch.testing.assert_close(out_q, expected_q, atol=0, rtol=0)
+    torch.testing.assert_close(out_k, expected_k, atol=0, rtol=0)

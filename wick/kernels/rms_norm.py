@@ -1,0 +1,99 @@
+"""RMSNorm in one kernel, optionally fused with the residual add before it.
+
+The arithmetic follows wick.layers.norm.RMSNorm step by step, rounding where its torch ops round: the
+sum x + residual is rounded to the input dtype, the variance and scaling are fp32, the scaled row is
+rounded to the input dtype before the weight multiplies it. Results equal the torch path but where the
+variance's different order of summation tips a rounding: on an H200 in bf16, a few elements in a
+million, by one or two ulps.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# elements one program normalizes: small rows (per-head q/k norms) are packed several to a program
+_ELEMENTS_PER_PROGRAM = 2048
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, residual_ptr, weight_ptr, out_ptr,
+    num_rows, heads, stride_xt, stride_xh, stride_xd, stride_rt, stride_rh, stride_rd, eps,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < num_rows)[:, None] & (cols < D)[None, :]
+    token, head = rows // heads, rows % heads
+    x_offsets = (token * stride_xt + head * stride_xh)[:, None] + cols[None, :] * stride_xd
+    x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r_offsets = (token * stride_rt + head * stride_rh)[:, None] + cols[None, :] * stride_rd
+        residual = tl.load(residual_ptr + r_offsets, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
+        tl.store(residual_ptr + r_offsets, x, mask=mask)
+    x = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
+    normed = (x * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+    weight = tl.load(weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)
+    out = (normed * weight[None, :]).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None] * D + cols[None, :], out, mask=mask)
+
+
+def _as_heads(x: torch.Tensor) -> torch.Tensor:
+    """[T, D] -> [T, 1, D] and [T, H, D] as is, as views; more leading dims are flattened into T."""
+    return x.unsqueeze(1) if x.dim() == 2 else x.flatten(0, -3)
+
+
+def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    x3 = _as_heads(x)
+    r3 = x3 if residual is None else _as_heads(residual)
+    tokens, heads, dim = x3.shape
+    num_rows = tokens * heads
+    if num_rows == 0:
+        return out
+    block_d = triton.next_power_of_2(dim)
+    block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_d)
+    _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
+        x3, r3, weight, out,
+        num_rows, heads, *x3.stride(), *r3.stride(), eps,
+        D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None,
+        num_warps=min(16, max(1, block_rows * block_d // 256)),
+    )
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of x [..., D] (any strides, e.g. a [T, H, D] view for per-head norms).
+
+    Returns a new contiguous tensor of x's shape in the promoted dtype of x and weight.
+    """
+    return _launch(x, None, weight, eps)
+
+
+def fused_add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """residual += x in place (rounded to x's dtype); returns (rms_norm(residual), residual)."""
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual {residual.dtype}{list(residual.shape)} must match x {x.dtype}{list(x.shape)}")
+    return _launch(x, residual, weight, eps), residual
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Pure-torch reference of rms_norm."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def fused_add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch reference of fused_add_rms_norm, out of place."""
+    residual = x + residual
+    return rms_norm_ref(residual, weight, eps), residual

@@ -1,0 +1,98 @@
+"""Neox-style rotary embedding of q and k in one kernel, reading the cos/sin table at each position.
+
+As in wick.layers.rotary.RotaryEmbedding, cos and sin are rounded to q's dtype and every product and
+sum is rounded to it as the torch ops do, so the results equal the torch path bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_heads(
+    x_ptr, out_ptr, stride_xh, stride_xd, cos, sin,
+    NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+):
+    """Rotates one token's heads: x1, x2 (each head's halves) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    heads = tl.arange(0, HEADS_PAD)
+    dims = tl.arange(0, HALF_PAD)
+    mask = (heads < NUM_HEADS)[:, None] & (dims < HALF)[None, :]
+    first = heads[:, None] * stride_xh + dims[None, :] * stride_xd
+    x1 = tl.load(x_ptr + first, mask=mask, other=0.0)
+    x2 = tl.load(x_ptr + first + HALF * stride_xd, mask=mask, other=0.0)
+    dtype = x1.dtype
+    x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    out1 = (x1 * cos).to(dtype).to(tl.float32) - (x2 * sin).to(dtype).to(tl.float32)
+    out2 = (x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)
+    out_first = heads[:, None] * (2 * HALF) + dims[None, :]
+    tl.store(out_ptr + out_first, out1.to(dtype), mask=mask)
+    tl.store(out_ptr + out_first + HALF, out2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    positions_ptr, cos_sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr,
+    stride_cache, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
+    NUM_Q_HEADS: tl.constexpr, Q_HEADS_PAD: tl.constexpr, NUM_K_HEADS: tl.constexpr, K_HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    dims = tl.arange(0, HALF_PAD)
+    cos = tl.load(cos_sin_ptr + position * stride_cache + dims, mask=dims < HALF, other=0.0)
+    sin = tl.load(cos_sin_ptr + position * stride_cache + HALF + dims, mask=dims < HALF, other=0.0)
+    dtype = q_ptr.dtype.element_ty
+    cos = cos.to(dtype).to(tl.float32)[None, :]
+    sin = sin.to(dtype).to(tl.float32)[None, :]
+    _rotate_heads(q_ptr + token * stride_qt, q_out_ptr + token * (NUM_Q_HEADS * 2 * HALF), stride_qh, stride_qd,
+                  cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
+    _rotate_heads(k_ptr + token * stride_kt, k_out_ptr + token * (NUM_K_HEADS * 2 * HALF), stride_kh, stride_kd,
+                  cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
+
+
+def rotary_embedding(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [T]; q, k [T, heads * D] or [T, heads, D] of one dtype, any strides; cos_sin_cache
+    [max_position, D] fp32 (cos for the D/2 frequencies, then sin). Returns new contiguous q, k, rotated.
+    """
+    if q.dtype != k.dtype:
+        raise ValueError(f"q and k must share a dtype; got {q.dtype} and {k.dtype}")
+    head_size = cos_sin_cache.shape[-1]
+    num_tokens = positions.shape[0]
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if num_tokens == 0:
+        return q_out, k_out
+    q3, k3 = q.view(num_tokens, -1, head_size), k.view(num_tokens, -1, head_size)
+    num_q_heads, num_k_heads = q3.shape[1], k3.shape[1]
+    half = head_size // 2
+    heads_pad = triton.next_power_of_2(num_q_heads) + triton.next_power_of_2(num_k_heads)
+    _rotary_kernel[(num_tokens,)](
+        positions, cos_sin_cache, q3, k3, q_out, k_out,
+        cos_sin_cache.stride(0), *q3.stride(), *k3.stride(),
+        NUM_Q_HEADS=num_q_heads, Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
+        NUM_K_HEADS=num_k_heads, K_HEADS_PAD=triton.next_power_of_2(num_k_heads),
+        HALF=half, HALF_PAD=triton.next_power_of_2(half),
+        num_warps=min(8, triton.next_power_of_2(max(1, heads_pad * head_size // 1024))),
+        # a multiply-subtract contracted into one fma would round once where torch rounds twice
+        enable_fp_fusion=False,
+    )
+    return q_out, k_out
+
+
+def rotary_embedding_ref(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch reference of rotary_embedding."""
+    head_size = cos_sin_cache.shape[-1]
+    cos, sin = cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
+
+    def rotate(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.view(x.shape[0], -1, head_size).chunk(2, dim=-1)
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(x.shape)
+
+    return rotate(q), rotate(k)
