@@ -279,3 +279,39 @@ def test_prompt_logprobs_gather_log_softmax_at_targets() -> None:
     torch.testing.assert_close(result.logprobs[:, 1:], top_values)
     expected_ranks = [int((raw[i] > raw[i, t]).sum()) + 1 for i, t in enumerate(targets.tolist())]
     assert result.ranks.tolist() == expected_ranks
+
+
+def _pack(allowed: list[list[int]], vocab_size: int) -> torch.Tensor:
+    """xgrammar's layout: bit t % 32 of int32 word t // 32 allows token t."""
+    words = torch.zeros(len(allowed), -(-vocab_size // 32), dtype=torch.int64)
+    for row, tokens in enumerate(allowed):
+        for t in tokens:
+            words[row, t // 32] |= 1 << (t % 32)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def test_grammar_bitmask_constrains_only_its_rows_greedy_and_random() -> None:
+    torch.manual_seed(6)
+    vocab_size = 70  # not a multiple of 32: the last word's high bits lie past the vocabulary
+    logits = torch.randn(4, vocab_size)
+    allowed = [[1, 31, 32, 69], [5]]
+    requests = [make_request(SamplingParams(temperature=t, repetition_penalty=1.2, top_k=3), seed=s, output=(1,))
+                for s, t in enumerate([0.0, 1.0, 0.0, 1.0])]
+    grammar = ([0, 3], _pack(allowed, vocab_size))
+    metadata = SamplingMetadata.from_requests(requests, vocab_size, CPU, grammar)
+    processed = process_logits(logits, metadata)
+    free = process_logits(logits, metadata_for(requests, vocab_size))
+    for row, tokens in zip([0, 3], allowed, strict=True):
+        assert torch.isfinite(processed[row]).nonzero().flatten().tolist() == tokens
+    assert torch.equal(processed[1:3], free[1:3])
+
+    sampled = Sampler()(logits, metadata).sampled_token_ids.tolist()
+    assert sampled[0] == max(allowed[0], key=lambda t: free[0, t].item())
+    assert sampled[3] == 5
+    assert sampled[1:3] == sample(requests, logits).sampled_token_ids.tolist()[1:3]
+
+    many = [make_request(SamplingParams(temperature=1.5), seed=s) for s in range(200)]
+    mask = _pack(allowed[:1] * 200, vocab_size)
+    draws = Sampler()(logits[:1].expand(200, vocab_size).clone(),
+                      SamplingMetadata.from_requests(many, vocab_size, CPU, (list(range(200)), mask)))
+    assert set(draws.sampled_token_ids.tolist()) <= set(allowed[0])

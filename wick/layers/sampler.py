@@ -65,10 +65,15 @@ class SamplingMetadata:
     no_top_k: bool
     no_top_p: bool
     no_min_p: bool
+    # Structured output: grammar_bitmask[i] packs the tokens allowed in row grammar_rows[i] (bit t of
+    # the int32 word t // 32 for token t); rows not listed are unconstrained.
+    grammar_rows: torch.Tensor | None = None  # [G] int64
+    grammar_bitmask: torch.Tensor | None = None  # [G, ceil(V / 32)] int32
 
     @classmethod
-    def from_requests(cls, requests: list[Request], vocab_size: int,
-                      device: torch.device) -> SamplingMetadata:
+    def from_requests(cls, requests: list[Request], vocab_size: int, device: torch.device,
+                      grammar: tuple[list[int], torch.Tensor] | None = None) -> SamplingMetadata:
+        """`grammar`: the constrained rows and their bitmask on the CPU (pinned, when the device is a GPU)."""
         params = [req.sampling_params for req in requests]
         random_params = [sp for sp in params if not sp.greedy]
         use_repetition = any(sp.repetition_penalty != 1.0 for sp in params)
@@ -131,6 +136,8 @@ class SamplingMetadata:
             no_top_k=all(sp.top_k == 0 for sp in random_params),
             no_top_p=all(sp.top_p >= 1.0 for sp in random_params),
             no_min_p=all(sp.min_p == 0.0 for sp in random_params),
+            grammar_rows=tensor(grammar[0], torch.int64) if grammar else None,
+            grammar_bitmask=grammar[1].to(device, non_blocking=True) if grammar else None,
         )
 
 
@@ -154,14 +161,23 @@ def _token_table(token_lists: list[list[int]], vocab_size: int, dtype: torch.dty
                             accumulate=True)
 
 
+def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """Sets to -inf, in each of `rows`, the tokens whose bit in that row's packed mask is 0."""
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, :logits.shape[-1]].bool()
+    return logits.index_put((rows,), logits[rows].masked_fill(~allowed, float("-inf")))
+
+
 def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """logit_bias, then min_tokens blocking, then penalties; returns a new tensor.
+    """Grammar masks, then logit_bias, then min_tokens blocking, then penalties; returns a new tensor.
 
     Penalties: repetition first (HF/vLLM: for tokens in the prompt or the output, a positive logit
     is divided by r, a negative one multiplied by r), then OpenAI's
     logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0), where count
     covers generated tokens only.
     """
+    if metadata.grammar_rows is not None:
+        logits = apply_token_bitmask(logits, metadata.grammar_rows, metadata.grammar_bitmask)
     if metadata.bias_rows is not None:
         logits = logits.index_put((metadata.bias_rows, metadata.bias_token_ids), metadata.bias_values,
                                   accumulate=True)
@@ -232,9 +248,14 @@ def _sample_random(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Te
     if not metadata.no_min_p:
         floor = metadata.min_p[:, None] * probs.amax(-1, keepdim=True)
         probs = probs.masked_fill(probs < floor, 0.0)
-    exponentials = random_exponentials(metadata.seeds, metadata.steps, logits.shape[-1])
     # A filtered token has probability 0, so it can only win a race that every kept token loses
     # with 0 too, which cannot happen: the top token is always kept and every exponential is finite.
+    if probs.is_cuda:
+        # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+        from wick.kernels.sampling import exponential_race
+
+        return exponential_race(probs, metadata.seeds, metadata.steps)
+    exponentials = random_exponentials(metadata.seeds, metadata.steps, logits.shape[-1])
     return (probs / exponentials).argmax(-1)
 
 
