@@ -113,16 +113,25 @@ class SamplingMetadata:
             prompt_mask = _token_table(
                 [req.prompt_token_ids for req in requests], vocab_size, torch.bool, device)
         asked = [sp.logprobs for sp in params if sp.logprobs is not None]
+        # Two host-to-device copies for the per-row settings instead of one blocking copy each.
+        pinned = device.type == "cuda"
+        floats = torch.tensor([[sp.temperature for sp in params], [sp.top_p for sp in params],
+                               [sp.min_p for sp in params], [sp.presence_penalty for sp in params],
+                               [sp.frequency_penalty for sp in params], [sp.repetition_penalty for sp in params]],
+                              dtype=torch.float32, pin_memory=pinned).to(device, non_blocking=True)
+        ints = torch.tensor([[sp.top_k for sp in params], [_fold_int64(req.seed) for req in requests],
+                             [req.num_output_tokens for req in requests]],
+                            dtype=torch.int64, pin_memory=pinned).to(device, non_blocking=True)
         return cls(
-            temperature=tensor([sp.temperature for sp in params], torch.float32),
-            top_p=tensor([sp.top_p for sp in params], torch.float32),
-            top_k=tensor([sp.top_k for sp in params], torch.int64),
-            min_p=tensor([sp.min_p for sp in params], torch.float32),
-            presence_penalty=tensor([sp.presence_penalty for sp in params], torch.float32),
-            frequency_penalty=tensor([sp.frequency_penalty for sp in params], torch.float32),
-            repetition_penalty=tensor([sp.repetition_penalty for sp in params], torch.float32),
-            seeds=tensor([_fold_int64(req.seed) for req in requests], torch.int64),
-            steps=tensor([req.num_output_tokens for req in requests], torch.int64),
+            temperature=floats[0],
+            top_p=floats[1],
+            top_k=ints[0],
+            min_p=floats[2],
+            presence_penalty=floats[3],
+            frequency_penalty=floats[4],
+            repetition_penalty=floats[5],
+            seeds=ints[1],
+            steps=ints[2],
             output_counts=output_counts,
             prompt_mask=prompt_mask,
             bias_rows=tensor(bias_rows, torch.int64) if bias_rows else None,
