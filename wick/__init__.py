@@ -3,7 +3,8 @@
 from wick.config import EngineArgs
 from wick.entrypoints.llm import LLM
 from wick.outputs import CompletionOutput, Logprob, RequestOutput
-from wick.sampling_params import SamplingParams
+from wick.sampling_params import SamplingParams, StructuredOutputsParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "CompletionOutput", "EngineArgs", "Logprob", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = ["LLM", "CompletionOutput", "EngineArgs", "Logprob", "RequestOutput", "SamplingParams",
+           "StructuredOutputsParams", "__version__"]

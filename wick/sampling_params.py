@@ -2,9 +2,51 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 _GREEDY_EPS = 1e-5
+
+
+@dataclass
+class StructuredOutputsParams:
+    """A constraint on the output, enforced token by token: exactly one field is set.
+
+    `json`: a JSON schema (a dict or its JSON text); `json_object`: any JSON object; `regex`: text
+    that fully matches the regular expression; `choice`: exactly one of the strings; `grammar`: an
+    EBNF grammar whose start rule is `root` (GBNF, as llama.cpp writes it).
+    """
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise ValueError("structured_outputs needs exactly one of json, json_object, regex, choice or "
+                             f"grammar, got {given or 'none'}")
+        if isinstance(self.json, str):
+            try:
+                self.json = json.loads(self.json)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"structured_outputs.json is not valid JSON: {e}") from None
+        if self.json is not None and not isinstance(self.json, dict):
+            raise ValueError(f"structured_outputs.json must be a JSON schema object, got {self.json!r}")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+        if self.choice is not None and (not isinstance(self.choice, list | tuple) or not self.choice
+                                        or any(not isinstance(c, str) for c in self.choice)):
+            raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}")
+        if self.choice is not None:
+            self.choice = list(self.choice)
 
 
 @dataclass
@@ -29,6 +71,7 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[int, float] | None = None
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the engine: the tokenizer's end-of-sequence ids.
     eos_token_ids: list[int] = field(default_factory=list, repr=False)
 
@@ -39,6 +82,9 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k is None or self.top_k == -1:
             self.top_k = 0
+        # A dict is how the params cross a process boundary (msgpack) or arrive from JSON.
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._validate()
 
     def _validate(self) -> None:

@@ -73,4 +73,4 @@ def test_bf16_gpu_greedy_follows_torch_backend(small_model_dir, enforce_eager):
     scored = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=0)
     for a, b in zip(torch_backend.generate(sequences, scored), gpu.generate(sequences, scored), strict=True):
         for token_id, x, y in zip(a.prompt_token_ids[1:], a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
-            assert abs(x[token_id].logprob - y[token_id].logprob) < 0.5
+            assert abs(x[token_id].logprob - y[token_id].logprob) < 0.5 + 0.05 * abs(x[token_id].logprob)

@@ -180,7 +180,11 @@ class Scheduler:
             if not item.samples:
                 continue
             request.append_output_token(sampled_token_ids[request.request_id])
-            status = self._stop_status(request)
+            grammar = request.structured_output
+            if grammar is not None and grammar.advance(request.output_token_ids):
+                status = RequestStatus.FINISHED_STOPPED
+            else:
+                status = self._stop_status(request)
             if status is not None:
                 self._finish(request, status)
                 any_finished = True

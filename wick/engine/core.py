@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from wick.config import EngineConfig
 from wick.core.kv_cache_manager import KVCacheManager
 from wick.core.scheduler import Scheduler
+from wick.core.structured_output import StructuredOutputManager
 from wick.engine.request import Request, RequestStatus
 from wick.sampling_params import SamplingParams
 from wick.worker.model_runner import ModelRunner, TokenLogprobs
@@ -50,15 +51,17 @@ class EngineCore:
         self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.args.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.args.enable_chunked_prefill)
+        self.structured_output = StructuredOutputManager(config)
         self._rng = random.Random(config.args.seed)
         self._arrivals = itertools.count()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Raises ValueError at once for a request that can never be served."""
         seed = request.seed if request.seed is not None else self._rng.getrandbits(63)
-        self.scheduler.add_request(Request(
-            request.request_id, request.prompt_token_ids, request.sampling_params, seed,
-            arrival_order=next(self._arrivals), prefill_leader=request.prefill_leader))
+        core_request = Request(request.request_id, request.prompt_token_ids, request.sampling_params, seed,
+                               arrival_order=next(self._arrivals), prefill_leader=request.prefill_leader)
+        self.structured_output.init_request(core_request)
+        self.scheduler.add_request(core_request)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort(request_ids)
@@ -70,7 +73,7 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled:
             return []
-        result = self.runner.execute_model(scheduler_output)
+        result = self.runner.execute_model(scheduler_output, self.structured_output)
         for request_id, entries in result.prompt_logprobs.items():
             request = next(s.request for s in scheduler_output.scheduled if s.request.request_id == request_id)
             request.prompt_logprobs.extend(entries)

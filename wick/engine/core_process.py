@@ -48,6 +48,8 @@ def unpack(data: bytes) -> list:
 
 def encode_request(request: EngineCoreRequest) -> list:
     params = {name: getattr(request.sampling_params, name) for name in _PARAM_FIELDS}
+    if params["structured_outputs"] is not None:
+        params["structured_outputs"] = dataclasses.asdict(params["structured_outputs"])
     return ["add", request.request_id, request.prompt_token_ids, params, request.seed, request.prefill_leader]
 
 

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 from wick.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from wick.core.structured_output import RequestGrammar
 
 
 class RequestStatus(enum.Enum):
@@ -51,6 +55,8 @@ class Request:
         self.num_preemptions = 0
         # Prompt logprobs collected chunk by chunk: one entry per prompt position after the first.
         self.prompt_logprobs: list = []
+        # The grammar matcher of a request with structured_outputs; set by the engine core.
+        self.structured_output: RequestGrammar | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -45,20 +45,22 @@ class DecodeGraphs:
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
-    def _metadata(self, bs: int) -> AttentionMetadata:
+    def _metadata(self, bs: int, seq_lens_cpu: list[int],
+                  block_tables_cpu: list[list[int]] | None) -> AttentionMetadata:
         # Kernels size their grids from the batch size and max_seq_len; the graph is captured with the
         # longest possible context so one graph serves every step.
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs], max_query_len=1,
             max_seq_len=self.max_model_len, query_start_loc_cpu=list(range(bs + 1)),
-            seq_lens_cpu=[self.max_model_len] * bs)
+            seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu, cuda_graph=True)
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for bs in reversed(self.sizes):
-            metadata = self._metadata(bs)
+            metadata = self._metadata(bs, [self.max_model_len] * bs, [[0] * self.block_tables.shape[1]] * bs)
+            self.backend.prepare(metadata)
             with set_forward_context(metadata, self.backend):
                 self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up: compile kernels outside capture
                 torch.cuda.synchronize()
@@ -70,17 +72,20 @@ class DecodeGraphs:
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_mapping: torch.Tensor,
-            seq_lens: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-        """Arguments are already on the device; returns the hidden states of the n real rows."""
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
+        """Input ids and positions are already on the device; returns the hidden states of the n real rows."""
         n = input_ids.numel()
         bs = self.sizes[bisect.bisect_left(self.sizes, n)]
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(slot_mapping)
+        self.slot_mapping[:n].copy_(metadata.slot_mapping)
         self.slot_mapping[n:bs].fill_(-1)
-        self.seq_lens[:n].copy_(seq_lens)
+        self.seq_lens[:n].copy_(metadata.seq_lens)
         self.seq_lens[n:bs].fill_(1)
-        self.block_tables[:n, : block_tables.shape[1]].copy_(block_tables)
+        self.block_tables[:n, : metadata.block_tables.shape[1]].copy_(metadata.block_tables)
+        # Padding rows: one token of context, nothing written. Backends that plan on the host do it now.
+        tables = metadata.block_tables_cpu
+        self.backend.prepare(self._metadata(bs, metadata.seq_lens_cpu + [1] * (bs - n),
+                                            None if tables is None else tables + [[0]] * (bs - n)))
         self.graphs[bs].replay()
         return self.outputs[bs][:n]

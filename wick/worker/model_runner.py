@@ -10,6 +10,7 @@ from torch import nn
 
 from wick.config import CPU_KV_CACHE_BYTES, EngineConfig
 from wick.core.scheduler import SchedulerOutput
+from wick.core.structured_output import StructuredOutputManager
 from wick.engine.request import Request
 from wick.layers.attention.layer import Attention
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
@@ -95,8 +96,10 @@ class ModelRunner:
             query_start_loc=torch.tensor([0, n], dtype=torch.int32, device=self.device),
             seq_lens=torch.tensor([n], dtype=torch.int32, device=self.device),
             block_tables=torch.arange(num_blocks, dtype=torch.int32, device=self.device)[None],
-            max_query_len=n, max_seq_len=n, query_start_loc_cpu=[0, n], seq_lens_cpu=[n])
-        positions = torch.arange(n, device=self.device)
+            max_query_len=n, max_seq_len=n, query_start_loc_cpu=[0, n], seq_lens_cpu=[n],
+            block_tables_cpu=[list(range(num_blocks))])
+        positions = torch.arange(n, device=self.device) % self.config.max_model_len
+        self.backend.prepare(metadata)
         with torch.inference_mode(), set_forward_context(metadata, self.backend):
             hidden = self.model(torch.zeros_like(positions), positions)
             self.model.compute_logits(hidden[: self.config.max_num_seqs])
@@ -125,7 +128,8 @@ class ModelRunner:
         self.decode_graphs.capture()
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput,
+                      structured_output: StructuredOutputManager | None = None) -> ModelRunnerOutput:
         scheduled = scheduler_output.scheduled
         if not scheduled:
             return ModelRunnerOutput()
@@ -152,12 +156,13 @@ class ModelRunner:
             seq_lens=to_device(seq_lens, torch.int32),
             block_tables=to_device(tables, torch.int32),
             max_query_len=max(item.num_new_tokens for item in scheduled),
-            max_seq_len=max(seq_lens), query_start_loc_cpu=query_start, seq_lens_cpu=seq_lens)
+            max_seq_len=max(seq_lens), query_start_loc_cpu=query_start, seq_lens_cpu=seq_lens,
+            block_tables_cpu=tables)
         graphs = self.decode_graphs
         if graphs is not None and metadata.max_query_len == 1 and len(scheduled) <= graphs.max_batch_size:
-            hidden = graphs.run(to_device(input_ids, torch.long), to_device(positions, torch.long),
-                                metadata.slot_mapping, metadata.seq_lens, metadata.block_tables)
+            hidden = graphs.run(to_device(input_ids, torch.long), to_device(positions, torch.long), metadata)
         else:
+            self.backend.prepare(metadata)
             with set_forward_context(metadata, self.backend):
                 hidden = self.model(to_device(input_ids, torch.long), to_device(positions, torch.long))
 
@@ -167,7 +172,12 @@ class ModelRunner:
             rows = to_device([query_start[i + 1] - 1 for i, _ in samplers], torch.long)
             logits = self.model.compute_logits(hidden[rows]).float()
             requests = [req for _, req in samplers]
-            result = self.sampler(logits, SamplingMetadata.from_requests(requests, self.vocab_size, self.device))
+            # On a GPU the forward above is still running: the grammar masks fill on the CPU meanwhile.
+            grammar = structured_output.fill_bitmask(requests) if structured_output is not None else None
+            sampling_metadata = SamplingMetadata.from_requests(
+                requests, self.vocab_size, self.device,
+                (grammar.rows, grammar.bitmask) if grammar is not None else None)
+            result = self.sampler(logits, sampling_metadata)
             token_ids = result.sampled_token_ids.tolist()
             output.sampled_token_ids = {req.request_id: t for req, t in zip(requests, token_ids, strict=True)}
             if result.logprobs is not None:

@@ -10,9 +10,14 @@ from wick.layers.attention.metadata import AttentionMetadata
 
 
 class AttentionBackend(ABC):
-    # True when forward() reads no host-side per-request values, so a decode step can be captured in
-    # a CUDA graph (the grid may depend only on the batch size and metadata.max_seq_len).
+    # True when forward() reads no host-side per-request values outside prepare(), so a decode step can be
+    # captured in a CUDA graph (the grid may depend only on the batch size and metadata.max_seq_len) and
+    # replayed after prepare() with another step's metadata.
     supports_cuda_graph: bool = False
+
+    def prepare(self, metadata: AttentionMetadata) -> None:  # noqa: B027 - a hook, deliberately a no-op here
+        """Called once per step, outside any CUDA graph capture, with the metadata object the step's
+        forward() calls then receive (a replayed graph calls none): the place for host-side planning."""
 
     @abstractmethod
     def forward(

@@ -30,6 +30,10 @@ class AttentionMetadata:
     max_seq_len: int
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
+    # Host copy of block_tables' rows (each covering at least its request's pages), when the producer has one.
+    block_tables_cpu: list[list[int]] | None = None
+    # A decode step that DecodeGraphs captures or replays, padded up to a captured batch size.
+    cuda_graph: bool = False
 
     @property
     def num_reqs(self) -> int:

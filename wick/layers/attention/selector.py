@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
+import logging
 from collections.abc import Callable
 
 import torch
 
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.torch_backend import TorchAttentionBackend
+
+logger = logging.getLogger(__name__)
 
 
 def _triton() -> AttentionBackend:
@@ -19,13 +21,31 @@ def _triton() -> AttentionBackend:
     return TritonAttentionBackend()
 
 
-_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {"torch": TorchAttentionBackend, "triton": _triton}
+def _flashinfer() -> AttentionBackend:
+    from wick.layers.attention.flashinfer_backend import FlashInferAttentionBackend
+
+    return FlashInferAttentionBackend()
+
+
+def _flashinfer_imports() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except ModuleNotFoundError:
+        return False
+    except Exception as e:  # installed but broken (CUDA libraries, tvm-ffi): fall back rather than fail
+        logger.warning("flashinfer does not import (%s); using the triton attention backend", e)
+        return False
+    return True
+
+
+_BACKENDS: dict[str, Callable[[], AttentionBackend]] = {
+    "torch": TorchAttentionBackend, "triton": _triton, "flashinfer": _flashinfer}
 
 
 def _default_backend(device: torch.device) -> str:
     if device.type != "cuda":
         return "torch"
-    if "flashinfer" in _BACKENDS and importlib.util.find_spec("flashinfer") is not None:
+    if "flashinfer" in _BACKENDS and _flashinfer_imports():
         return "flashinfer"
     return "triton"
 
