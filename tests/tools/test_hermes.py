@@ -33,6 +33,10 @@ CASES = [
     ("whitespace only around", "\n\n" + call("f", {}) + "\n\n", None, [("f", {})]),
     ("unclosed but complete at the end", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n', None,
      [("f", {"a": 1})]),
+    ("bare object, no tags", '{"name": "f", "arguments": {"a": 1}}', None, [("f", {"a": 1})]),
+    ("bare object in a json fence", '```json\n{"name": "f", "arguments": {"a": 1}}\n```\n', None,
+     [("f", {"a": 1})]),
+    ("bare object in an unclosed plain fence", '\n```\n{"name": "f", "parameters": {}}\n', None, [("f", {})]),
 ]
 
 NOT_CALLS = [
@@ -49,6 +53,15 @@ NOT_CALLS = [
     ("cut inside the closing tag", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_'),
     ("opening tag twice", '<tool_call><tool_call>{"name": "f"}</tool_call>'),
     ("only an opening tag", "<tool_call>"),
+    ("a JSON answer", '{"name": "Bob", "age": 3}'),
+    ("a JSON answer with other keys", '{"name": "f", "arguments": {}, "note": 1}'),
+    ("bare call then text", '{"name": "f", "arguments": {}}\nand more'),
+    ("bare call after text", 'Here: {"name": "f", "arguments": {}}'),
+    ("bare call, cut short", '{"name": "f", "arguments": {"a": '),
+    ("a code fence", "```python\nprint({'a': 1})\n```"),
+    ("a json fence around a non-call", '```json\n{"a": 1}\n```'),
+    ("a fence alone", "```"),
+    ("a partial fence", "``"),
 ]
 
 
