@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wick.tools.base import ToolCall
+
 
 @dataclass
 class Logprob:
@@ -25,6 +27,8 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # LLM.chat with tools: the calls parsed from the output (whose text is then the content alone).
+    tool_calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -11,6 +11,7 @@ import os
 import sys
 
 from wick.cli.engine_flags import add_engine_flags, engine_args_from
+from wick.tools.registry import REASONING_PARSERS, TOOL_PARSERS
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +25,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the model name(s) requests may use; the first stands for a request naming none")
     parser.add_argument("--ui", "--ui-server", action="store_true",
                         help="also serve a chat page at / (the OpenAI API stays under /v1)")
+    parser.add_argument("--mcp-config", default=None, metavar="FILE",
+                        help="a JSON file of MCP servers ({\"mcpServers\": {...}}) whose tools chat requests "
+                             "without tools of their own may use; wick runs the calls")
+    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
+                        help="the model's tool-call format (default: the one its chat template implies, if any)")
+    parser.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                        help="split <think> reasoning into reasoning_content")
     parser.set_defaults(run=run)
 
 
@@ -31,10 +39,12 @@ def run(args: argparse.Namespace) -> int:
     from wick.engine.async_engine import AsyncEngine
     from wick.engine.core_client import EngineStartupError
     from wick.entrypoints.openai.api_server import listen, serve
+    from wick.mcp.config import load_mcp_config
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     engine_args = engine_args_from(args)
+    mcp_servers = load_mcp_config(args.mcp_config) if args.mcp_config else None
     try:
         sock = listen(args.host, args.port)
     except OSError as e:
@@ -47,7 +57,9 @@ def run(args: argparse.Namespace) -> int:
             return 1
         try:
             died = asyncio.run(serve(engine, sock, served_model_names=args.served_model_name, api_key=args.api_key,
-                                     chat_template=_chat_template(args.chat_template), webui=args.ui))
+                                     chat_template=_chat_template(args.chat_template), webui=args.ui,
+                                     mcp_servers=mcp_servers, tool_call_parser=args.tool_call_parser,
+                                     reasoning_parser=args.reasoning_parser))
         finally:
             engine.shutdown()
     finally:

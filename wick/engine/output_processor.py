@@ -119,7 +119,7 @@ class OutputProcessor:
                 output.cumulative_logprob += entry[1][0]
         delta = ""
         if sample.detokenizer is not None:
-            delta = sample.detokenizer.add_tokens(out.new_token_ids)
+            delta = sample.detokenizer.add_tokens(self._text_token_ids(sample.parent.params, out))
             if out.finish_reason is not None:
                 delta += sample.detokenizer.flush()
         text, matched = sample.stop.feed(delta)
@@ -132,6 +132,16 @@ class OutputProcessor:
             output.finish_reason, output.stop_reason = out.finish_reason, out.stop_reason
         output.text += text
         return False
+
+    @staticmethod
+    def _text_token_ids(params: SamplingParams, out: EngineCoreOutput) -> list[int]:
+        """The new tokens that make text: an end-of-sequence or stop token that ended the request has none
+        (it shows when special tokens are kept), unless include_stop_str_in_output asks for it."""
+        token_ids = out.new_token_ids
+        if (out.finish_reason == "stop" and token_ids and not params.include_stop_str_in_output
+                and (token_ids[-1] in params.eos_token_ids or token_ids[-1] in params.stop_token_ids)):
+            return token_ids[:-1]
+        return token_ids
 
     def _position_logprobs(self, entry: TokenLogprobs) -> PositionLogprobs:
         ids, logprobs, rank = entry

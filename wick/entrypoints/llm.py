@@ -16,6 +16,8 @@ from wick.outputs import RequestOutput
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.chat_template import apply_chat_template
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
+from wick.tools.chat_output import ChatOutputParser, tool_call_params
+from wick.tools.tool_choice import forced_call, resolve_tool_parser
 
 PromptType = str | list[int] | dict[str, Any]
 
@@ -23,8 +25,10 @@ PromptType = str | list[int] | dict[str, Any]
 class LLM:
     """An engine core in this process. `model=None` loads the default model (SmolLM2-135M-Instruct)."""
 
-    def __init__(self, model: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, model: str | None = None, *, tool_call_parser: str | None = None, **kwargs: Any) -> None:
+        """`tool_call_parser`: the tool-call format chat() parses (default: the one the chat template implies)."""
         self.engine_args = EngineArgs(model=model, **kwargs)
+        self.tool_call_parser = tool_call_parser
         self.config = self.engine_args.create_engine_config()
         source = self.config.source
         # A dummy model from a preset has no tokenizer: it takes and returns token ids only.
@@ -57,17 +61,34 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = False, chat_template: str | None = None, add_generation_prompt: bool = True,
              continue_final_message: bool = False, tools: list[dict] | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tool_choice: str | dict[str, Any] = "auto") -> list[RequestOutput]:
+        """With tools, each output's tool calls are parsed into `tool_calls` and its text is the content left.
+        `tool_choice` "required" or {"type": "function", "function": {"name": ...}} guarantees a valid call."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
+        chat_template = chat_template or self.engine_args.chat_template
         encoded = []
         for conversation in conversations:
             text = apply_chat_template(
                 tokenizer, conversation, add_generation_prompt=add_generation_prompt, tools=tools,
-                chat_template=chat_template or self.engine_args.chat_template,
-                continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
+                chat_template=chat_template, continue_final_message=continue_final_message,
+                **(chat_template_kwargs or {}))
             encoded.append((text, tokenizer.encode(text, add_special_tokens=False)))
-        return self._run(encoded, sampling_params, use_tqdm)
+        if not tools or tool_choice == "none":
+            return self._run(encoded, sampling_params, use_tqdm)
+        forced = forced_call(tools, tool_choice)
+        parser = ChatOutputParser(tools=resolve_tool_parser(self.tool_call_parser, tokenizer, chat_template),
+                                  forced=forced)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = tool_call_params(params, parser, forced) if isinstance(params, SamplingParams) \
+            else [tool_call_params(p, parser, forced) for p in params]
+        results = self._run(encoded, params, use_tqdm)
+        for result in results:
+            for output in result.outputs:
+                parts = parser.extract(output.text)
+                output.text, output.tool_calls = parts.content or "", parts.tool_calls
+        return results
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -40,9 +40,13 @@ from wick.entrypoints.openai.protocol import (
 )
 from wick.entrypoints.openai.serving_chat import ServingChat
 from wick.entrypoints.openai.serving_completion import ServingCompletion
+from wick.entrypoints.openai.serving_mcp import McpChat
 from wick.entrypoints.openai.serving_models import ServingModels
 from wick.entrypoints.openai.serving_tokenization import ServingTokenization
 from wick.entrypoints.webui import mount_webui
+from wick.mcp import McpHub, ServerConfig
+from wick.tools.registry import get_reasoning_parser
+from wick.tools.tool_choice import resolve_tool_parser
 
 logger = logging.getLogger(__name__)
 
@@ -131,15 +135,28 @@ def _depth(data: Any) -> int:
 
 def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = None, api_key: str | None = None,
               chat_template: str | None = None, on_engine_dead: Callable[[], None] = lambda: None,
-              max_body_bytes: int = MAX_BODY_BYTES, webui: bool = False) -> FastAPI:
+              max_body_bytes: int = MAX_BODY_BYTES, webui: bool = False,
+              mcp_servers: dict[str, ServerConfig] | None = None, tool_call_parser: str | None = None,
+              reasoning_parser: str | None = None) -> FastAPI:
+    """`tool_call_parser` names the tool-call format (default: the one the chat template implies, if any)."""
     models = ServingModels(served_model_names or [engine.model_name], engine.model_name, engine.max_model_len)
-    chat = ServingChat(engine, models, chat_template)
+    chat = ServingChat(engine, models, chat_template,
+                       tool_parser=resolve_tool_parser(tool_call_parser, engine.tokenizer, chat_template),
+                       reasoning_parser=get_reasoning_parser(reasoning_parser) if reasoning_parser else None)
     completion = ServingCompletion(engine, models, chat_template)
     tokenization = ServingTokenization(engine, models, chat_template)
     metrics = ServerMetrics(engine)
+    mcp_hub = McpHub(mcp_servers) if mcp_servers else None
+    if mcp_hub is not None:
+        if chat.tool_parser is None:
+            raise ValueError("--mcp-config needs the model's tool-call format, which its chat template does not "
+                             "show: name it with --tool-call-parser")
+        chat.mcp = McpChat(mcp_hub)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if mcp_hub is not None:
+            await mcp_hub.start()
         watcher = asyncio.create_task(_watch(engine, metrics, app, on_engine_dead))
         try:
             yield
@@ -147,6 +164,8 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
+            if mcp_hub is not None:
+                await mcp_hub.close()
 
     app = FastAPI(title="wick", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -250,7 +269,9 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names: list[str] | None = None,
-                api_key: str | None = None, chat_template: str | None = None, webui: bool = False) -> bool:
+                api_key: str | None = None, chat_template: str | None = None, webui: bool = False,
+                mcp_servers: dict[str, ServerConfig] | None = None, tool_call_parser: str | None = None,
+                reasoning_parser: str | None = None) -> bool:
     """Serves until SIGINT / SIGTERM or the engine core's death; returns whether the engine died."""
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -259,7 +280,8 @@ async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names:
         server.should_exit = True
 
     app = build_app(engine, served_model_names=served_model_names, api_key=api_key, chat_template=chat_template,
-                    on_engine_dead=stop, webui=webui)
+                    on_engine_dead=stop, webui=webui, mcp_servers=mcp_servers, tool_call_parser=tool_call_parser,
+                    reasoning_parser=reasoning_parser)
     config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
     banner = f"serving {', '.join(served_model_names or [engine.model_name])} (engine core pid " \
              f"{engine.client.process.pid})"

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from wick.sampling_params import SamplingParams
+from wick.sampling_params import SamplingParams, StructuredOutputsParams
 
 # Bounds that keep absurd values out before they reach the engine.
 MAX_N = 128
@@ -49,6 +49,33 @@ class ChatMessage(OpenAIModel):
     reasoning_content: str | None = None
 
 
+class JsonSchemaFormat(OpenAIModel):
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(OpenAIModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("json_schema is needed when type is 'json_schema'")
+        return self
+
+
+class NamedFunction(OpenAIModel):
+    name: str
+
+
+class NamedToolChoice(OpenAIModel):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
 class SamplingRequest(OpenAIModel):
     """The fields chat and completion requests share."""
 
@@ -75,6 +102,13 @@ class SamplingRequest(OpenAIModel):
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    # Structured output: OpenAI's response_format and vLLM's fields (at most one of them).
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
     @field_validator("stop")
     @classmethod
@@ -101,8 +135,8 @@ class SamplingRequest(OpenAIModel):
     def include_usage(self) -> bool:
         return self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
+                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
         """Raises ValueError (naming the field) for settings SamplingParams refuses."""
         defaults = SamplingParams()
         pick = lambda value, default: default if value is None else value
@@ -118,7 +152,8 @@ class SamplingRequest(OpenAIModel):
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,
             spaces_between_special_tokens=self.spaces_between_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            logit_bias={int(token): value for token, value in self.logit_bias.items()} if self.logit_bias else None)
+            logit_bias={int(token): value for token, value in self.logit_bias.items()} if self.logit_bias else None,
+            structured_outputs=structured_outputs)
 
 
 class ChatCompletionRequest(SamplingRequest):
@@ -127,6 +162,8 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: StrictBool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: StrictBool = True
     continue_final_message: StrictBool = False

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
+from wick.engine.async_engine import AsyncEngine
+from wick.entrypoints.openai.chat_tools import ChatParsing, chat_parsing, deltas, message
 from wick.entrypoints.openai.errors import OpenAIError
 from wick.entrypoints.openai.protocol import ChatCompletionRequest
 from wick.entrypoints.openai.serving_engine import (
@@ -22,44 +25,104 @@ from wick.entrypoints.openai.serving_engine import (
     unless_disconnected,
     usage,
 )
+from wick.entrypoints.openai.serving_models import ServingModels
 from wick.outputs import CompletionOutput, PositionLogprobs, RequestOutput
+from wick.sampling_params import SamplingParams
+from wick.tools.base import ToolParser
+from wick.tools.chat_output import ChatMessageParts, ChatOutputParser
+from wick.tools.reasoning import ReasoningParser
+
+if TYPE_CHECKING:
+    from wick.entrypoints.openai.serving_mcp import McpChat
+
+
+@dataclass
+class ChatCall:
+    """One model call of a chat request, ready to run."""
+
+    request_id: str
+    prompt: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    parsing: ChatParsing
+
+
+@dataclass
+class ChatChoice:
+    """One choice of a finished call: the assistant message in OpenAI's shape and why it ended."""
+
+    output: CompletionOutput
+    message: dict[str, Any]
+    finish_reason: str | None
 
 
 class ServingChat(OpenAIServing):
+    def __init__(self, engine: AsyncEngine, models: ServingModels, chat_template: str | None = None,
+                 tool_parser: type[ToolParser] | None = None,
+                 reasoning_parser: type[ReasoningParser] | None = None) -> None:
+        super().__init__(engine, models, chat_template)
+        self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
+        # MCP tools (--mcp-config): set by build_app; the requests it takes run their tool rounds in serving_mcp.py.
+        self.mcp: McpChat | None = None
+
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
+        if self.mcp is not None and self.mcp.offers(request):
+            return await self.mcp.create(self, request, raw_request)
         model = self.models.resolve(request.model)
-        prompt, prompt_token_ids = self.render_chat(
-            request.template_messages(), request.tools, request.add_generation_prompt,
-            request.continue_final_message, request.chat_template_kwargs)
-        max_tokens = self.max_tokens(request, len(prompt_token_ids), "messages")
-        params = self.sampling_params(lambda: request.sampling_params(max_tokens, request.num_logprobs))
-        request_id = random_id("chatcmpl")
-        outputs = self.generate(request_id, prompt, prompt_token_ids, params)
+        call = self.prepare(request, request.template_messages())
         if request.stream:
+            outputs = self.generate(call.request_id, call.prompt, call.prompt_token_ids, call.params)
             # The first output comes before the response starts, so that a refused request gets its status.
             first = await unless_disconnected(raw_request, anext(outputs, None))
             if first is None:
                 raise OpenAIError(500, "the request ended without an output")
-            header = self.response_header(request_id, "chat.completion.chunk", model)
-            return StreamingResponse(self._stream(request, header, first, outputs), media_type="text/event-stream")
-        final = await unless_disconnected(raw_request, _last(outputs))
-        header = self.response_header(request_id, "chat.completion", model)
-        return JSONResponse(self._response(request, header, final))
+            header = self.response_header(call.request_id, "chat.completion.chunk", model)
+            return StreamingResponse(self._stream(request, call, header, first, outputs),
+                                     media_type="text/event-stream")
+        final, choices = await unless_disconnected(raw_request, self.run(call))
+        header = self.response_header(call.request_id, "chat.completion", model)
+        return JSONResponse(self._response(request, header, final, choices))
 
-    def _response(self, request: ChatCompletionRequest, header: dict[str, Any],
-                  final: RequestOutput) -> dict[str, Any]:
-        choices = [{
-            "index": output.index,
-            "message": {"role": "assistant", "content": output.text},
-            "logprobs": self._logprobs(request, output, range(len(output.token_ids))),
-            "finish_reason": output.finish_reason,
-        } for output in final.outputs]
+    def prepare(self, request: ChatCompletionRequest, messages: list[dict[str, Any]]) -> ChatCall:
+        """The model call for `messages` (as chat templates read them) under the request's settings."""
+        prompt, prompt_token_ids = self.render_chat(
+            messages, request.tools, request.add_generation_prompt, request.continue_final_message,
+            request.chat_template_kwargs)
+        max_tokens = self.max_tokens(request, len(prompt_token_ids), "messages")
+        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser)
+        params = self.sampling_params(lambda: request.sampling_params(
+            max_tokens, request.num_logprobs, structured_outputs=parsing.structured_outputs).clone(
+            skip_special_tokens=parsing.skip_special_tokens))
+        return ChatCall(random_id("chatcmpl"), prompt, prompt_token_ids, params, parsing)
+
+    async def run(self, call: ChatCall) -> tuple[RequestOutput, list[ChatChoice]]:
+        """Runs one model call to its end; returns its output and each choice's parsed assistant message."""
+        final = await _last(self.generate(call.request_id, call.prompt, call.prompt_token_ids, call.params))
+        choices = []
+        for output in final.outputs:
+            if call.parsing.parser is None:
+                parts = ChatMessageParts(None, output.text, [])
+            else:
+                parts = call.parsing.parser.extract(output.text)
+            finish_reason = "tool_calls" if parts.tool_calls else output.finish_reason
+            choices.append(ChatChoice(output, message(parts, call.parsing.reasoning), finish_reason))
+        return final, choices
+
+    def _response(self, request: ChatCompletionRequest, header: dict[str, Any], final: RequestOutput,
+                  choices: list[ChatChoice]) -> dict[str, Any]:
+        body = [{
+            "index": choice.output.index,
+            "message": choice.message,
+            "logprobs": self._logprobs(request, choice.output, range(len(choice.output.token_ids))),
+            "finish_reason": choice.finish_reason,
+        } for choice in choices]
         num_generated = sum(len(o.token_ids) for o in final.outputs)
-        return {**header, "choices": choices, "usage": usage(len(final.prompt_token_ids), num_generated)}
+        return {**header, "choices": body, "usage": usage(len(final.prompt_token_ids), num_generated)}
 
-    async def _stream(self, request: ChatCompletionRequest, header: dict[str, Any], first: RequestOutput,
-                      outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
-        cursors = [ChoiceCursor() for _ in range(request.n)]
+    async def _stream(self, request: ChatCompletionRequest, call: ChatCall, header: dict[str, Any],
+                      first: RequestOutput, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[str]:
+        choices = [_StreamChoice(call.parsing.parser) for _ in range(request.n)]
         try:
             for index in range(request.n):
                 yield sse({**header, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
@@ -67,7 +130,7 @@ class ServingChat(OpenAIServing):
             output: RequestOutput | None = first
             while output is not None:
                 for sample in output.outputs:
-                    for chunk in self._chunks(request, header, sample, cursors[sample.index]):
+                    for chunk in self._chunks(request, header, sample, choices[sample.index]):
                         yield chunk
                 last, output = output, await anext(outputs, None)
             if request.include_usage:
@@ -80,19 +143,22 @@ class ServingChat(OpenAIServing):
         yield DONE
 
     def _chunks(self, request: ChatCompletionRequest, header: dict[str, Any], sample: CompletionOutput,
-                cursor: ChoiceCursor) -> list[str]:
+                choice: _StreamChoice) -> list[str]:
+        cursor = choice.cursor
         if cursor.finished:
             return []
-        text = cursor.new_text(sample)
+        updates = choice.deltas(cursor.new_text(sample), sample.finished)
         logprobs = self._logprobs(request, sample, cursor.new_tokens(sample))
-        chunks = []
-        if text or (logprobs and logprobs["content"]):
-            chunks.append(sse({**header, "choices": [{"index": sample.index, "delta": {"content": text},
-                                                      "logprobs": logprobs, "finish_reason": None}]}))
+        if not updates and logprobs and logprobs["content"]:
+            updates = [{}]
+        chunks = [sse({**header, "choices": [{"index": sample.index, "delta": delta,
+                                              "logprobs": logprobs if i == 0 else None, "finish_reason": None}]})
+                  for i, delta in enumerate(updates)]
         if sample.finished:
             cursor.finished = True
+            finish_reason = "tool_calls" if choice.num_tool_calls else sample.finish_reason
             chunks.append(sse({**header, "choices": [{"index": sample.index, "delta": {}, "logprobs": None,
-                                                      "finish_reason": sample.finish_reason}]}))
+                                                      "finish_reason": finish_reason}]}))
         return chunks
 
     def _logprobs(self, request: ChatCompletionRequest, sample: CompletionOutput,
@@ -114,6 +180,26 @@ class ServingChat(OpenAIServing):
             return {"token": self.tokenizer.decode([token_id]), "logprob": -9999.0, "bytes": None,
                     "top_logprobs": top}
         return {**entry(token_id), "top_logprobs": top}
+
+
+class _StreamChoice:
+    """A streamed choice: how much was sent, and its own parser (parsers keep state)."""
+
+    def __init__(self, parser: ChatOutputParser | None) -> None:
+        self.cursor = ChoiceCursor()
+        self.parser = parser.fresh() if parser is not None else None
+        self.num_tool_calls = 0
+
+    def deltas(self, text: str, finished: bool) -> list[dict[str, Any]]:
+        if self.parser is None:
+            return [{"content": text}] if text else []
+        pieces = [self.parser.feed(text) if text else None, self.parser.finish() if finished else None]
+        result = []
+        for piece in pieces:
+            if piece is not None:
+                self.num_tool_calls += len(piece.tool_calls)
+                result.extend(deltas(piece))
+        return result
 
 
 async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:

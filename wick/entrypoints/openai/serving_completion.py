@@ -27,6 +27,7 @@ from wick.entrypoints.openai.serving_engine import (
     unless_disconnected,
     usage,
 )
+from wick.entrypoints.openai.structured_outputs import structured_outputs
 from wick.outputs import CompletionOutput, PositionLogprobs, RequestOutput
 
 
@@ -42,11 +43,12 @@ class ServingCompletion(OpenAIServing):
         prompts = [self._encode(p) for p in request.prompts()]
         echo_logprobs = request.logprobs if request.echo else None
         request_id = random_id("cmpl")
+        constraint = structured_outputs(request)
         streams = []
         for i, prompt in enumerate(prompts):
             max_tokens = self.max_tokens(request, len(prompt.token_ids), "prompt")
             params = self.sampling_params(lambda m=max_tokens: request.sampling_params(m, request.logprobs,
-                                                                                       echo_logprobs))
+                                                                                       echo_logprobs, constraint))
             streams.append(self.generate(f"{request_id}-{i}", prompt.text, prompt.token_ids, params))
         outputs = merge(streams)
         if request.stream:

@@ -1,0 +1,45 @@
+"""LLM.chat with tools on the real Qwen2.5-Coder GGUF: forced tool choices give a call whose arguments validate."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from wick import LLM, SamplingParams
+
+WEATHER = {"type": "object", "properties": {"location": {"type": "string"},
+                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["location"]}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                           "parameters": WEATHER}}]
+QUESTION = [{"role": "user", "content": "What's the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def llm(qwen_gguf: str) -> LLM:
+    return LLM(qwen_gguf, max_model_len=1024)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_chat_with_forced_tool_choice_returns_a_valid_call(llm: LLM, tool_choice: str | dict) -> None:
+    [result] = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=48), tools=TOOLS,
+                        tool_choice=tool_choice)
+    output = result.outputs[0]
+    assert len(output.tool_calls) == 1 and output.text == ""
+    call = output.tool_calls[0]
+    assert call.name == "get_weather" and call.id.startswith("call_")
+    arguments = json.loads(call.arguments)
+    jsonschema.validate(arguments, WEATHER)
+    assert "Paris" in arguments["location"]
+
+
+@pytest.mark.slow
+def test_chat_with_tools_keeps_content_the_parser_does_not_take_for_a_call(llm: LLM) -> None:
+    [result] = llm.chat(QUESTION, SamplingParams(temperature=0.0, max_tokens=64), tools=TOOLS)
+    output = result.outputs[0]
+    assert output.text or output.tool_calls
+    # Hermes is detected, so special tokens are kept; the end-of-sequence token still makes no text.
+    assert "<|im_end|>" not in output.text
