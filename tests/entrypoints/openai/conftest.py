@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from wick_server import API_KEY, ServerProcess, process_exists
+from processes import process_exists
+from wick_server import API_KEY, ServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from wick_server import ServerProcess, process_exists
+from processes import process_exists
+from wick_server import ServerProcess
 
 
 def run_serve(*args: str) -> subprocess.CompletedProcess:

@@ -57,15 +57,6 @@ class ServerProcess:
         return code
 
 
-def process_exists(pid: int) -> bool:
-    """True while `pid` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def metric(http: httpx.Client, name: str) -> float:
     text = http.get("/metrics").text
     match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)

@@ -1,8 +1,9 @@
-"""An MCP server (stdio) for the tests: a secret number, a tool that leaves a marker file, one that fails.
+"""An MCP server for the tests, written with the SDK: a secret number, the weather, a sum, a tool that leaves a marker
+file and one that fails; and its entry in an --mcp-config file.
 
-The marker file's path comes from $WICK_TEST_MARKER, so a test can tell whether the tool ever ran. Over stdio by
-default; `--http PORT` serves streamable HTTP at http://127.0.0.1:PORT/mcp instead. Other arguments are ignored (tests
-use one to tell their server process from others).
+Run as a script it serves over stdio; `--http PORT` serves streamable HTTP at http://127.0.0.1:PORT/mcp instead. The
+marker file's path comes from $WICK_TEST_MARKER, so a test can tell whether the tool ever ran. Other arguments are
+ignored (tests pass the marker's path as one, to tell their server processes from others).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
+SCRIPT = __file__
 SECRET_NUMBER = 48151623
 # A temperature no model would guess.
 WEATHER = {"temperature": 27.3, "sky": "sunny"}
@@ -51,6 +53,16 @@ def write_marker(text: str = "called") -> str:
 def fail() -> str:
     """Always fails."""
     raise ToolError("the tool broke")
+
+
+def stdio_config(marker: Path) -> dict[str, object]:
+    """This server in --mcp-config's format; the marker's path is an argument too, to find the process by."""
+    return {"command": sys.executable, "args": [SCRIPT, str(marker)], "env": {"WICK_TEST_MARKER": str(marker)}}
+
+
+def write_config(path: Path, servers: dict[str, object]) -> str:
+    path.write_text(json.dumps({"mcpServers": servers}))
+    return str(path)
 
 
 if __name__ == "__main__":
