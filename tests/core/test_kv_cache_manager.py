@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import struct
+
 import pytest
 
 from wick.core.kv_cache_manager import KVCacheManager
@@ -106,6 +109,16 @@ def test_a_different_prefix_does_not_match() -> None:
     # And the same content at another position does not match either.
     shifted = make_request("d", [5, 6, 7, 8, 1, 2, 3, 4, 9])
     assert kv.get_computed_blocks(shifted) == ([], 0)
+
+
+def test_block_hashes_are_chained_sha256() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    tokens = [7, 2**40, 3, 151_643, 0, 1, 2, 3, 5]
+    request = make_request("a", tokens)
+    kv.get_computed_blocks(request)
+    first = hashlib.sha256(bytes(32) + struct.pack("<4q", *tokens[:4])).digest()
+    second = hashlib.sha256(first + struct.pack("<4q", *tokens[4:8])).digest()
+    assert request.block_hashes == [first, second]
 
 
 def test_hits_never_cover_the_last_token() -> None:

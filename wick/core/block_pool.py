@@ -19,9 +19,9 @@ class BlockPool:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self._ref_counts = [0] * num_blocks
-        self._hashes: list[int | None] = [None] * num_blocks
+        self._hashes: list[bytes | None] = [None] * num_blocks
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._cached: dict[int, int] = {}  # block hash -> block id
+        self._cached: dict[bytes, int] = {}  # block hash -> block id
 
     @property
     def num_free_blocks(self) -> int:
@@ -30,10 +30,10 @@ class BlockPool:
     def ref_count(self, block_id: int) -> int:
         return self._ref_counts[block_id]
 
-    def block_hash(self, block_id: int) -> int | None:
+    def block_hash(self, block_id: int) -> bytes | None:
         return self._hashes[block_id]
 
-    def lookup(self, block_hash: int) -> int | None:
+    def lookup(self, block_hash: bytes) -> int | None:
         """The block holding the content with this hash, in use or free, if any."""
         return self._cached.get(block_hash)
 
@@ -65,7 +65,7 @@ class BlockPool:
             if self._hashes[block_id] is None:
                 self._free.move_to_end(block_id, last=False)
 
-    def register(self, block_id: int, block_hash: int) -> None:
+    def register(self, block_id: int, block_hash: bytes) -> None:
         """Records that the block holds the content with this hash. When another block already holds
         the same content (two requests computed it at once), the first one stays the cached copy."""
         if block_hash in self._cached or self._hashes[block_id] is not None:

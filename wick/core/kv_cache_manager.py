@@ -1,19 +1,23 @@
 """Paged KV cache bookkeeping: block tables per request and prefix caching by chained block hashes.
 
-A full block of `block_size` tokens is identified by hash((parent block's hash, its token ids)),
+A full block of `block_size` tokens is identified by SHA-256(parent block's hash, its token ids),
 so a hash names the block's content *and* everything before it: the same tokens at another
-position, or after another prefix, give another hash. Only blocks whose KV has been written are
-entered in the table (`cache_blocks`), so a prefix hit never reads KV that does not exist yet.
+position, or after another prefix, give another hash. A cryptographic hash, because the cache is
+shared between users: a prompt crafted to collide with another's block would read that user's KV.
+Only blocks whose KV has been written are entered in the table (`cache_blocks`), so a prefix hit
+never reads KV that does not exist yet.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections.abc import Sequence
 
 from wick.core.block_pool import BlockPool
 from wick.engine.request import Request
 
-_ROOT_HASH = 0  # the "parent hash" of a request's first block
+_ROOT_HASH = bytes(32)  # the "parent hash" of a request's first block
 
 
 class KVCacheManager:
@@ -120,14 +124,15 @@ class KVCacheManager:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
 
-    def _block_hashes(self, request: Request, num_blocks: int) -> list[int]:
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         """`request.block_hashes`, extended to cover at least its first `num_blocks` full blocks."""
         hashes = request.block_hashes
         size = self.block_size
         tokens = request.all_token_ids
         for i in range(len(hashes), num_blocks):
             parent = hashes[i - 1] if i else _ROOT_HASH
-            hashes.append(hash((parent, tuple(tokens[i * size:(i + 1) * size]))))
+            block = array("q", tokens[i * size:(i + 1) * size]).tobytes()
+            hashes.append(hashlib.sha256(parent + block).digest())
         return hashes
 
 

@@ -50,7 +50,7 @@ class Request:
         self.num_computed_tokens = 0
         self.block_ids: list[int] = []
         # Hashes of this request's full blocks, in order; filled by the KV cache manager.
-        self.block_hashes: list[int] = []
+        self.block_hashes: list[bytes] = []
         self.num_cached_tokens = 0
         self.num_preemptions = 0
         # Prompt logprobs collected chunk by chunk: one entry per prompt position after the first.
