@@ -1,0 +1,42 @@
+"""EngineArgs -> EngineConfig: the context length a model's attention allows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wick.config import EngineArgs
+from wick.loader.presets import PRESETS
+
+MISTRAL_V01 = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 64,
+               "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 1,
+               "vocab_size": 256, "max_position_embeddings": 32768, "sliding_window": 4096}
+
+
+def _model(tmp_path: Path, config: dict) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return str(tmp_path)
+
+
+def test_a_sliding_window_model_is_held_to_its_window(tmp_path: Path) -> None:
+    model = _model(tmp_path, MISTRAL_V01)
+    assert EngineArgs(model=model, load_format="dummy", device="cpu").create_engine_config().max_model_len == 4096
+    assert EngineArgs(model=model, load_format="dummy", device="cpu",
+                      max_model_len=2048).create_engine_config().max_model_len == 2048
+    with pytest.raises(ValueError, match="sliding window of 4096 tokens"):
+        EngineArgs(model=model, load_format="dummy", device="cpu", max_model_len=8192).create_engine_config()
+
+
+@pytest.mark.parametrize("config", [{**MISTRAL_V01, "sliding_window": None},
+                                    {**MISTRAL_V01, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                                     "use_sliding_window": False}])
+def test_full_attention_models_keep_their_positions(tmp_path: Path, config: dict) -> None:
+    model = _model(tmp_path, config)
+    assert EngineArgs(model=model, load_format="dummy", device="cpu").create_engine_config().max_model_len == 32768
+
+
+def test_the_qwen_presets_are_full_attention() -> None:
+    config = EngineArgs(model="qwen2.5-0.5b", load_format="dummy", device="cpu").create_engine_config()
+    assert config.max_model_len == PRESETS["qwen2.5-0.5b"]["max_position_embeddings"]
