@@ -1,0 +1,99 @@
+"""Structured output on the GPU: the throughput workload of benchmarks/throughput.py run free, with every request
+held to a JSON schema, and with every other one held (a mixed batch), in one process on the same prompts.
+
+The masks for step N+1 are filled on the CPU while the GPU runs step N, so a constrained step should cost about
+what a free one does. Random weights sample random tokens inside the grammar, so constrained outputs are valid JSON
+that may end early (when the grammar does): the figure to compare is output tokens per second. Every output that
+ended by its grammar is parsed and validated against the schema.
+
+    python -m benchmarks.structured_throughput --tokenizer FOLDER   (the model's tokenizer; the weights are dummy)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from benchmarks.common import print_environment
+from benchmarks.structured_output import SCHEMA
+from benchmarks.throughput import workload
+from wick import LLM, SamplingParams
+from wick.outputs import RequestOutput
+from wick.sampling_params import StructuredOutputsParams
+
+MODES = {"free": lambda i: False, "json": lambda i: True, "mixed": lambda i: i % 2 == 0}
+
+
+def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[RequestOutput], float]:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    sync()
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    sync()
+    return outputs, time.perf_counter() - start
+
+
+def check_documents(outputs: list[RequestOutput], constrained: list[bool]) -> tuple[int, int]:
+    """(outputs the grammar ended, of them those that parse and validate against SCHEMA)."""
+    import jsonschema
+
+    ended = valid = 0
+    for output, held in zip(outputs, constrained, strict=True):
+        sample = output.outputs[0]
+        if held and sample.finish_reason == "stop":
+            ended += 1
+            try:
+                jsonschema.validate(json.loads(sample.text), SCHEMA)
+                valid += 1
+            except (ValueError, jsonschema.ValidationError):
+                pass
+    return ended, valid
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="qwen3-0.6b")
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--min-len", type=int, default=100)
+    parser.add_argument("--max-len", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--temperature", type=float, default=0.6)
+    args = parser.parse_args()
+    print_environment()
+
+    llm = LLM(args.model, load_format="dummy", tokenizer=args.tokenizer, max_num_seqs=args.max_num_seqs,
+              max_model_len=args.max_model_len, attention_backend=args.attention_backend, seed=args.seed)
+    prompts, output_lens = workload(args.num_requests, args.min_len, args.max_len, llm.config.hf_config.vocab_size,
+                                    args.seed)
+    schema = StructuredOutputsParams(json=SCHEMA)
+    # Warm-up, the grammar compile included (compiled grammars are cached by their spec).
+    warmup = prompts[:8]
+    llm.generate(warmup, [SamplingParams(max_tokens=16, structured_outputs=schema)] * len(warmup))
+
+    rates = {}
+    for mode, held in MODES.items():
+        constrained = [held(i) for i in range(len(prompts))]
+        params = [SamplingParams(temperature=args.temperature, max_tokens=o, ignore_eos=True, seed=i,
+                                 structured_outputs=schema if c else None)
+                  for i, (o, c) in enumerate(zip(output_lens, constrained, strict=True))]
+        outputs, elapsed = run(llm, prompts, params)
+        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+        rates[mode] = generated / elapsed
+        line = f"{mode:>5}: {sum(constrained)} of {len(prompts)} requests held to the schema; {generated} output " \
+               f"tokens in {elapsed:.2f} s = {rates[mode]:,.0f} output tokens/s"
+        if any(constrained):
+            ended, valid = check_documents(outputs, constrained)
+            line += f"; {ended} ended by their grammar, {valid} of them valid"
+        print(line)
+    print(f"json / free = {rates['json'] / rates['free']:.2f}; mixed / free = {rates['mixed'] / rates['free']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
