@@ -26,8 +26,9 @@ def client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture()
 def async_client(server: ServerProcess) -> openai.AsyncOpenAI:
+    """One per test: its pooled connections belong to the event loop of the test's asyncio.run."""
     return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
 
