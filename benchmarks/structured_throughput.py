@@ -1,10 +1,12 @@
-"""Structured output on the GPU: the throughput workload of benchmarks/throughput.py run free, with every request
-held to a JSON schema, and with every other one held (a mixed batch), in one process on the same prompts.
+"""Structured output on the GPU: the throughput workload of benchmarks/throughput.py with every request held to a
+JSON schema, and with every other one held (a mixed batch), each against a free run of the same schedule, in one
+process on the same prompts.
 
 The masks for step N+1 are filled on the CPU while the GPU runs step N, so a constrained step should cost about
-what a free one does. Random weights sample random tokens inside the grammar, so constrained outputs are valid JSON
-that may end early (when the grammar does): the figure to compare is output tokens per second. Every output that
-ended by its grammar is parsed and validated against the schema.
+what a free one does. Random weights sample random tokens inside the grammar, so a constrained output is valid JSON
+that may end early (when its grammar does); the free run it is compared with gives each request the length its
+constrained output had, so both runs make the same tokens in the same steps. Every output that ended by its grammar
+is parsed and validated against the schema. A full free run first warms up (Triton's autotuning included).
 
     python -m benchmarks.structured_throughput --tokenizer FOLDER   (the model's tokenizer; the weights are dummy)
 """
@@ -24,7 +26,7 @@ from wick import LLM, SamplingParams
 from wick.outputs import RequestOutput
 from wick.sampling_params import StructuredOutputsParams
 
-MODES = {"free": lambda i: False, "json": lambda i: True, "mixed": lambda i: i % 2 == 0}
+MODES = {"json": lambda i: True, "mixed": lambda i: i % 2 == 0}
 
 
 def run(llm: LLM, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[RequestOutput], float]:
@@ -77,23 +79,25 @@ def main() -> None:
     warmup = prompts[:8]
     llm.generate(warmup, [SamplingParams(max_tokens=16, structured_outputs=schema)] * len(warmup))
 
-    rates = {}
+    def params(lengths: list[int], constrained: list[bool]) -> list[SamplingParams]:
+        return [SamplingParams(temperature=args.temperature, max_tokens=n, ignore_eos=True, seed=i,
+                               structured_outputs=schema if c else None)
+                for i, (n, c) in enumerate(zip(lengths, constrained, strict=True))]
+
+    free = [False] * len(prompts)
+    outputs, elapsed = run(llm, prompts, params(output_lens, free))
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    print(f"warm-up, free: {generated} output tokens in {elapsed:.2f} s = {generated / elapsed:,.0f} output tokens/s")
     for mode, held in MODES.items():
         constrained = [held(i) for i in range(len(prompts))]
-        params = [SamplingParams(temperature=args.temperature, max_tokens=o, ignore_eos=True, seed=i,
-                                 structured_outputs=schema if c else None)
-                  for i, (o, c) in enumerate(zip(output_lens, constrained, strict=True))]
-        outputs, elapsed = run(llm, prompts, params)
-        generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-        rates[mode] = generated / elapsed
-        line = f"{mode:>5}: {sum(constrained)} of {len(prompts)} requests held to the schema; {generated} output " \
-               f"tokens in {elapsed:.2f} s = {rates[mode]:,.0f} output tokens/s"
-        if any(constrained):
-            ended, valid = check_documents(outputs, constrained)
-            line += f"; {ended} ended by their grammar, {valid} of them valid"
-        print(line)
-    print(f"json / free = {rates['json'] / rates['free']:.2f}; mixed / free = {rates['mixed'] / rates['free']:.2f}")
-
+        outputs, elapsed = run(llm, prompts, params(output_lens, constrained))
+        lengths = [len(o.outputs[0].token_ids) for o in outputs]
+        ended, valid = check_documents(outputs, constrained)
+        _, free_elapsed = run(llm, prompts, params(lengths, free))
+        generated = sum(lengths)
+        print(f"{mode}: {sum(constrained)} of {len(prompts)} requests held to the schema, {ended} ended by their "
+              f"grammar, {valid} of them valid; {generated} output tokens: {generated / elapsed:,.0f} output "
+              f"tokens/s; free, same lengths: {generated / free_elapsed:,.0f}; ratio {free_elapsed / elapsed:.2f}")
 
 if __name__ == "__main__":
     main()
