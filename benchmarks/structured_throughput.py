@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.common import print_environment
 from benchmarks.structured_output import SCHEMA
-from benchmarks.throughput import workload
+from benchmarks.throughput import add_workload_args, workload
 from wick import LLM, SamplingParams
 from wick.outputs import RequestOutput
 from wick.sampling_params import StructuredOutputsParams
@@ -57,16 +57,8 @@ def check_documents(outputs: list[RequestOutput], constrained: list[bool]) -> tu
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="qwen3-0.6b")
+    add_workload_args(parser)
     parser.add_argument("--tokenizer", required=True)
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--min-len", type=int, default=100)
-    parser.add_argument("--max-len", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-num-seqs", type=int, default=256)
-    parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--attention-backend", default=None)
-    parser.add_argument("--temperature", type=float, default=0.6)
     args = parser.parse_args()
     print_environment()
 

@@ -56,20 +56,25 @@ def run_hf(model_name: str, prompts: list[list[int]], output_lens: list[int]) ->
     return generated / elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The model, workload and engine flags the throughput benchmarks share."""
     parser.add_argument("--model", default="qwen3-0.6b")
-    parser.add_argument("--load-format", default="dummy")
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--max-model-len", type=int, default=4096)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--attention-backend", default=None)
-    parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--temperature", type=float, default=0.6)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    add_workload_args(parser)
+    parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--compare-hf", action="store_true")
     args = parser.parse_args()
     print_environment()

@@ -6,15 +6,9 @@ import json
 
 import jsonschema
 import pytest
+from weather_tool import QUESTION, TOOLS, WEATHER
 
 from wick import LLM, SamplingParams
-
-WEATHER = {"type": "object", "properties": {"location": {"type": "string"},
-                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-           "required": ["location"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-                                           "parameters": WEATHER}}]
-QUESTION = [{"role": "user", "content": "What's the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,9 @@ from collections.abc import Iterator
 import jsonschema
 import openai
 import pytest
+from weather_tool import QUESTION, TOOLS, WEATHER
 from wick_server import ServerProcess
 
-WEATHER = {"type": "object", "properties": {"location": {"type": "string"},
-                                            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-           "required": ["location"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-                                           "parameters": WEATHER}}]
-QUESTION = [{"role": "user", "content": "What's the weather in Paris?"}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 SETTINGS = {"model": "", "messages": QUESTION, "tools": TOOLS, "temperature": 0.0, "max_tokens": 48}
 
