@@ -16,6 +16,9 @@ class StructuredOutputsParams:
     `json`: a JSON schema (a dict or its JSON text); `json_object`: any JSON object; `regex`: text
     that fully matches the regular expression; `choice`: exactly one of the strings; `grammar`: an
     EBNF grammar whose start rule is `root` (GBNF, as llama.cpp writes it).
+
+    `after_token_id`: the constraint holds from the output token after this one (a reasoning model's
+    `</think>`); the output is free until the token appears. None: it holds from the first token.
     """
 
     json: dict[str, Any] | str | None = None
@@ -23,6 +26,7 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    after_token_id: int | None = None
 
     def __post_init__(self) -> None:
         given = [name for name in ("json", "regex", "choice", "grammar") if getattr(self, name) is not None]
@@ -47,6 +51,8 @@ class StructuredOutputsParams:
             raise ValueError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}")
         if self.choice is not None:
             self.choice = list(self.choice)
+        if self.after_token_id is not None and (not isinstance(self.after_token_id, int) or self.after_token_id < 0):
+            raise ValueError(f"structured_outputs.after_token_id must be a token id, got {self.after_token_id!r}")
 
 
 @dataclass

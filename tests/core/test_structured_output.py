@@ -143,6 +143,22 @@ def test_feeding_the_same_output_again_does_not_advance_the_matcher(llm):
     assert request.structured_output.advance(tokens)
 
 
+def test_a_grammar_after_a_token_holds_only_once_the_token_is_out(llm):
+    paris = llm.get_tokenizer().encode(" Paris", add_special_tokens=False)
+    assert len(paris) == 1
+    after = StructuredOutputsParams(json=SCHEMA, after_token_id=paris[0])
+    # Free until the token: greedy output without it is the unconstrained greedy output.
+    free = llm.chat(ASK_JSON, SamplingParams(temperature=0.0, max_tokens=30))[0].outputs[0]
+    assert paris[0] not in free.token_ids
+    pending = llm.chat(ASK_JSON, SamplingParams(temperature=0.0, max_tokens=30, structured_outputs=after))
+    assert pending[0].outputs[0].token_ids == free.token_ids
+    # A bias makes the token come first; from the next token on, the schema holds (and masks the token).
+    forced = llm.chat(ASK_JSON, SamplingParams(temperature=1.0, seed=3, max_tokens=200, logit_bias={paris[0]: 100},
+                                               structured_outputs=after))[0].outputs[0]
+    assert forced.token_ids[0] == paris[0] and forced.finish_reason == "stop"
+    assert_valid(llm.get_tokenizer().decode(forced.token_ids[1:], skip_special_tokens=True))
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({}, "exactly one"),
     ({"json_object": False}, "exactly one"),
@@ -152,6 +168,7 @@ def test_feeding_the_same_output_again_does_not_advance_the_matcher(llm):
     ({"choice": []}, "non-empty list"),
     ({"choice": ["a", 2]}, "non-empty list"),
     ({"regex": ""}, "non-empty string"),
+    ({"regex": "a+", "after_token_id": -1}, "token id"),
 ])
 def test_bad_params_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -169,6 +186,6 @@ def test_grammar_that_does_not_compile_is_refused_at_once(llm, spec):
 
 
 def test_params_cross_the_wire_to_a_core_process():
-    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA))
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(json=SCHEMA, after_token_id=7))
     decoded = decode_request(unpack(pack(encode_request(EngineCoreRequest("a", [1, 2], params)))))
     assert decoded.sampling_params.structured_outputs == params.structured_outputs

@@ -41,14 +41,24 @@ class GrammarBitmask:
 
 class RequestGrammar:
     """One request's matcher. It tracks how many output tokens it has accepted, so that feeding it
-    the output again (after a preemption, say) never advances it twice over the same token."""
+    the output again (after a preemption, say) never advances it twice over the same token. With an
+    `after_token_id`, it is inactive (the output free) until that token is in the output."""
 
-    def __init__(self, matcher: xgr.GrammarMatcher) -> None:
+    def __init__(self, matcher: xgr.GrammarMatcher, after_token_id: int | None = None) -> None:
         self.matcher = matcher
-        self.num_accepted = 0
+        self.after_token_id = after_token_id
+        self.active = after_token_id is None
+        self.num_accepted = 0  # output tokens seen: before activation, those searched for the token
 
     def advance(self, output_token_ids: list[int]) -> bool:
         """Accepts the output tokens not accepted yet; True once the grammar has ended."""
+        if not self.active:
+            new = output_token_ids[self.num_accepted:]
+            if self.after_token_id not in new:
+                self.num_accepted = len(output_token_ids)
+                return False
+            self.num_accepted += new.index(self.after_token_id) + 1
+            self.active = True
         for token in output_token_ids[self.num_accepted:]:
             self.num_accepted += 1
             if not self.matcher.accept_token(token):
@@ -83,12 +93,13 @@ class StructuredOutputManager:
 
         stop_ids = request.sampling_params.eos_token_ids or None
         request.structured_output = RequestGrammar(
-            xgr.GrammarMatcher(self._compiled(spec), override_stop_tokens=stop_ids))
+            xgr.GrammarMatcher(self._compiled(spec), override_stop_tokens=stop_ids), spec.after_token_id)
 
     def fill_bitmask(self, requests: list[Request]) -> GrammarBitmask | None:
         """The masks of the constrained requests among `requests` (a batch's sampling rows), in a
-        buffer reused every step; None when none is constrained."""
-        rows = [row for row, request in enumerate(requests) if request.structured_output is not None]
+        buffer reused every step; None when none is constrained (yet)."""
+        rows = [row for row, request in enumerate(requests)
+                if request.structured_output is not None and request.structured_output.active]
         if not rows:
             return None
         bitmask = self._bitmask[:len(rows)]
