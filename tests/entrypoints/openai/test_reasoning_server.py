@@ -3,6 +3,7 @@ text up to </think> is reasoning_content, streamed or not, and chat_template_kwa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -69,3 +70,10 @@ def test_enable_thinking_false_reaches_the_template(reasoning_server: ServerProc
     not_thinking = reasoning_client.chat.completions.create(model="", messages=MESSAGES, max_tokens=1,
                                                             extra_body={"chat_template_kwargs": off})
     assert not_thinking.usage.prompt_tokens == len(tokenized) > thinking.usage.prompt_tokens
+
+
+def test_without_a_think_token_a_response_format_holds_from_the_first_token(reasoning_client: openai.OpenAI) -> None:
+    # SmolLM2 has no </think> token, so the engine could not see the thinking end: the JSON starts at once.
+    message = reasoning_client.chat.completions.create(model="", messages=MESSAGES, response_format={
+        "type": "json_object"}, temperature=0.0, max_tokens=60).choices[0].message
+    assert isinstance(json.loads(message.content), dict) and message.reasoning_content is None

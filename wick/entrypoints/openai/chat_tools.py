@@ -3,8 +3,11 @@ and the parsed parts in OpenAI's message and stream-delta shapes."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
+
+from transformers import PreTrainedTokenizerBase
 
 from wick.entrypoints.openai.errors import bad_request
 from wick.entrypoints.openai.protocol import ChatCompletionRequest, NamedToolChoice
@@ -12,7 +15,7 @@ from wick.entrypoints.openai.structured_outputs import structured_outputs
 from wick.sampling_params import StructuredOutputsParams
 from wick.tools.base import ToolCall, ToolParser
 from wick.tools.chat_output import ChatDelta, ChatMessageParts, ChatOutputParser
-from wick.tools.reasoning import ReasoningParser
+from wick.tools.reasoning import CLOSE, OPEN, ReasoningParser
 from wick.tools.tool_choice import forced_call, function_schemas
 
 
@@ -27,7 +30,8 @@ class ChatParsing:
 
 
 def chat_parsing(request: ChatCompletionRequest, tool_parser: type[ToolParser] | None,
-                 reasoning_parser: type[ReasoningParser] | None) -> ChatParsing:
+                 reasoning_parser: type[ReasoningParser] | None, tokenizer: PreTrainedTokenizerBase,
+                 prompt_token_ids: list[int]) -> ChatParsing:
     choice = request.tool_choice.model_dump() if isinstance(request.tool_choice, NamedToolChoice) \
         else request.tool_choice
     try:
@@ -37,12 +41,33 @@ def chat_parsing(request: ChatCompletionRequest, tool_parser: type[ToolParser] |
     except ValueError as e:
         raise bad_request(str(e), str(e).split(":", 1)[0]) from e
     constraint = structured_outputs(request, forced)
-    # Constrained output starts at its first token: there is no room for reasoning before it.
-    reasoning = reasoning_parser if constraint is None else None
+    reasoning = reasoning_parser
+    if constraint is not None and reasoning_parser is not None:
+        if forced is None:
+            constraint = after_reasoning(constraint, tokenizer, prompt_token_ids)
+        # A constraint that holds from the first token leaves no room for reasoning before it.
+        if constraint.after_token_id is None:
+            reasoning = None
     tools = tool_parser if request.tools and choice in (None, "auto") else None
     parser = ChatOutputParser(reasoning, tools, forced) if reasoning or tools or forced else None
     skip_special_tokens = request.skip_special_tokens and not (parser is not None and parser.needs_special_tokens)
     return ChatParsing(constraint, parser, skip_special_tokens, reasoning_parser is not None)
+
+
+def after_reasoning(constraint: StructuredOutputsParams, tokenizer: PreTrainedTokenizerBase,
+                    prompt_token_ids: list[int]) -> StructuredOutputsParams:
+    """The constraint of a reasoning model's request, held back until `</think>` when the model is to think first.
+
+    As vLLM does: it holds from the first token when the prompt has already closed the think block (Qwen3 with
+    enable_thinking false), or when `</think>` is not one token of the vocabulary (no way to see it in the core).
+    """
+    open_id, close_id = (tokenizer.convert_tokens_to_ids(tag) for tag in (OPEN, CLOSE))
+    if not isinstance(close_id, int) or tokenizer.convert_ids_to_tokens(close_id) != CLOSE:
+        return constraint
+    last_tag = next((t for t in reversed(prompt_token_ids) if t in (open_id, close_id)), None)
+    if last_tag == close_id:
+        return constraint
+    return dataclasses.replace(constraint, after_token_id=close_id)
 
 
 def message(parts: ChatMessageParts, reasoning: bool) -> dict[str, Any]:

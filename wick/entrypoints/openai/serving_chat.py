@@ -90,7 +90,7 @@ class ServingChat(OpenAIServing):
             messages, request.tools, request.add_generation_prompt, request.continue_final_message,
             request.chat_template_kwargs)
         max_tokens = self.max_tokens(request, len(prompt_token_ids), "messages")
-        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser)
+        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser, self.tokenizer, prompt_token_ids)
         params = self.sampling_params(lambda: request.sampling_params(
             max_tokens, request.num_logprobs, structured_outputs=parsing.structured_outputs).clone(
             skip_special_tokens=parsing.skip_special_tokens))
