@@ -1,8 +1,9 @@
 """Grammar masks applied to the logits: -inf for every token whose bit is 0 in its row's packed mask.
 
 A mask row packs the vocabulary 32 tokens to an int32 word (bit t % 32 of word t // 32 for token t, xgrammar's
-layout). The kernel writes -inf in place, reading each word once per token it covers; unpacking the bits in torch
-instead materializes a [rows, vocab] tensor and took 805 us for 256 x 151,936 on an H200.
+layout). The kernel writes -inf in place, reading each word once per token it covers; the torch path
+(wick.layers.sampler.apply_token_bitmask_torch) materializes the unpacked [rows, vocab] mask instead
+(benchmarks/kernels/bench_token_bitmask.py compares the two).
 """
 
 from __future__ import annotations
@@ -34,9 +35,3 @@ def apply_token_bitmask_(logits: torch.Tensor, rows: torch.Tensor, bitmask: torc
     _apply_token_bitmask_kernel[grid](logits, rows, bitmask, vocab_size, logits.stride(0), bitmask.stride(0),
                                       BLOCK=_BLOCK)
 
-
-def apply_token_bitmask_ref(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """The same, out of place, in torch."""
-    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
-    allowed = ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, :logits.shape[-1]].bool()
-    return logits.index_put((rows,), logits[rows].masked_fill(~allowed, float("-inf")))

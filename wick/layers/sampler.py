@@ -173,14 +173,20 @@ def _token_table(token_lists: list[list[int]], vocab_size: int, dtype: torch.dty
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
     """A copy of `logits` with -inf, in each of `rows`, for the tokens whose bit in that row's packed mask is 0."""
     if logits.is_cuda:
+        # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
         from wick.kernels.token_bitmask import apply_token_bitmask_
 
         masked = logits.clone()
         apply_token_bitmask_(masked, rows, bitmask)
         return masked
-    from wick.kernels.token_bitmask import apply_token_bitmask_ref
+    return apply_token_bitmask_torch(logits, rows, bitmask)
 
-    return apply_token_bitmask_ref(logits, rows, bitmask)
+
+def apply_token_bitmask_torch(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """apply_token_bitmask in torch ops: every bit unpacked, then masked_fill."""
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((bitmask[:, :, None] >> shifts) & 1).flatten(1)[:, :logits.shape[-1]].bool()
+    return logits.index_put((rows,), logits[rows].masked_fill(~allowed, float("-inf")))
 
 
 def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
