@@ -64,7 +64,7 @@ def main() -> None:
         assert len(out.token_ids) == args.output_len
     elapsed = float(np.median(times))
     rate = args.output_len / elapsed
-    model = llm.core.runner.model
+    model = llm.core.executor.worker.runner.model
     bandwidth = copy_bandwidth()
     mean_context = args.input_len + args.output_len / 2
     step_bytes = weight_bytes(model) + kv_bytes_per_token(model) * mean_context

@@ -31,7 +31,7 @@ def matmul_peak(n: int = 8192, repeats: int = 20, trials: int = 5) -> float:
 def prefill_flops(llm: LLM, num_tokens: int) -> float:
     """Matmul FLOPs of the linear layers plus causal attention (QK^T and PV over half the square)."""
     config = llm.config.hf_config
-    model = llm.core.runner.model
+    model = llm.core.executor.worker.runner.model
     linear = sum(p.numel() for n, p in model.named_parameters() if n.endswith("proj.weight"))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attention = 2 * 2 * config.num_hidden_layers * config.num_attention_heads * head_dim * num_tokens**2 / 2

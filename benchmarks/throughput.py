@@ -25,7 +25,7 @@ def workload(num_requests: int, min_len: int, max_len: int, vocab: int, seed: in
 def roofline_seconds(llm: LLM, prompts: list[list[int]], output_lens: list[int], bandwidth: float) -> float:
     """Bytes that must move / copy bandwidth: the weights once per decode step of a schedule that runs
     every request at once (as many steps as the longest output), plus each decode step's KV reads."""
-    model = llm.core.runner.model
+    model = llm.core.executor.worker.runner.model
     kv_per_token = kv_bytes_per_token(model)
     kv_read = sum(kv_per_token * (len(p) * o + o * (o - 1) // 2) for p, o in zip(prompts, output_lens, strict=True))
     steps = max(output_lens) * -(-len(prompts) // llm.config.max_num_seqs)

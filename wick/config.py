@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +41,11 @@ class EngineArgs:
     attention_backend: str | None = None
     enforce_eager: bool = False
     tensor_parallel_size: int = 1
+    # Several machines: node 0 serves and schedules; every node runs tensor_parallel_size / nnodes ranks.
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
     seed: int = 0
     chat_template: str | None = None
     trust_remote_code: bool = False
@@ -54,8 +61,10 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes): got node_rank={self.node_rank}, nnodes={self.nnodes}")
 
     def create_engine_config(self) -> EngineConfig:
         source = resolve_model(self.model, self.load_format, self.tokenizer)
@@ -78,8 +87,58 @@ class EngineArgs:
         max_batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
         if not self.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
+        parallel = self._parallel_config(hf_config, device)
         return EngineConfig(args=self, source=source, hf_config=hf_config, device=device, dtype=dtype,
-                            max_model_len=max_model_len, max_num_batched_tokens=max_batched)
+                            max_model_len=max_model_len, max_num_batched_tokens=max_batched, parallel=parallel)
+
+    def _parallel_config(self, hf_config: PretrainedConfig, device: torch.device) -> ParallelConfig:
+        """The ranks, from the arguments or, when torchrun started every rank, from its environment."""
+        env = os.environ
+        tp, nnodes, node_rank = self.tensor_parallel_size, self.nnodes, self.node_rank
+        launched = "TORCHELASTIC_RUN_ID" in env and int(env.get("WORLD_SIZE", "1")) > 1
+        if launched:
+            tp = int(env["WORLD_SIZE"])
+            nnodes = tp // int(env.get("LOCAL_WORLD_SIZE", tp))
+            node_rank = int(env.get("GROUP_RANK", "0"))
+        elif "SLURM_NNODES" in env and nnodes == 1:
+            nnodes, node_rank = int(env["SLURM_NNODES"]), int(env.get("SLURM_NODEID", "0"))
+        if tp % nnodes:
+            raise ValueError(f"tensor_parallel_size {tp} is not a multiple of nnodes {nnodes}")
+        heads = hf_config.num_attention_heads
+        kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+        if heads % tp or (kv_heads % tp and tp % kv_heads):
+            raise ValueError(f"tensor_parallel_size {tp} must divide the model's {heads} attention heads and "
+                             f"divide or be a multiple of its {kv_heads} key-value heads")
+        local = tp // nnodes
+        if device.type == "cuda" and local > torch.cuda.device_count():
+            raise ValueError(f"{local} ranks per node need {local} GPUs, but {torch.cuda.device_count()} are visible "
+                             "(CUDA_VISIBLE_DEVICES)")
+        addr = self.master_addr or env.get("MASTER_ADDR") or "127.0.0.1"
+        port = self.master_port or (int(env["MASTER_PORT"]) if "MASTER_PORT" in env else None)
+        if port is None:
+            if nnodes > 1:
+                raise ValueError("several nodes need --master-port (and --master-addr, node 0's address)")
+            port = _free_port(addr)
+        return ParallelConfig(tp, nnodes, node_rank, addr, port, launched)
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    # torchrun started one process per rank: the engine starts none of its own.
+    launched_externally: bool = False
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tensor_parallel_size // self.nnodes
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
 
 
 @dataclass
@@ -91,6 +150,7 @@ class EngineConfig:
     dtype: torch.dtype
     max_model_len: int
     max_num_batched_tokens: int
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -123,3 +183,9 @@ def _sliding_window(hf_config: PretrainedConfig) -> int | None:
 
 def _max_position(hf_config: PretrainedConfig) -> int:
     return int(getattr(hf_config, "max_position_embeddings", None) or 4096)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

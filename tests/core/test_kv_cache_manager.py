@@ -8,7 +8,7 @@ import struct
 import pytest
 
 from wick.core.kv_cache_manager import KVCacheManager
-from wick.engine.request import Request
+from wick.core.request import Request
 from wick.sampling_params import SamplingParams
 
 

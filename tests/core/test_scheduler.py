@@ -1,19 +1,24 @@
 """Scheduler: token budget, chunked prefill, admission, preemption and recompute, stops, aborts.
 
-A fake model runner keeps a "KV cache" of token ids per (block, slot): it writes the token of each
-scheduled position into the request's block table and reads the whole context back from it, so a
-wrong block table, a bad prefix-cache hit or a block reused while still in use shows up as a
-wrong context. Its "sampled" token depends only on that context.
+A fake worker keeps its own copy of the requests from the step contract alone (the real InputBatch
+of the workers) and a "KV cache" of token ids per (block, slot): it writes the token of each
+scheduled position into its copy's block table and reads the whole context back from it, so a
+wrong block table or delta in the contract, a bad prefix-cache hit or a block reused while still
+in use shows up as a wrong context. Its "sampled" token depends only on that context.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from wick.core.kv_cache_manager import KVCacheManager
-from wick.core.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
-from wick.engine.request import Request, RequestStatus
+from wick.core.request import Request, RequestStatus
+from wick.core.sched_output import ModelRunnerOutput, SchedulerOutput
+from wick.core.scheduler import Scheduler
 from wick.sampling_params import SamplingParams
+from wick.worker.input_batch import InputBatch
 
 EOS = 2
 
@@ -35,46 +40,75 @@ def next_token(context: list[int]) -> int:
     return 10 + sum((i + 1) * t for i, t in enumerate(context)) * 7919 % 991
 
 
-class FakeRunner:
+@dataclass
+class Item:
+    rid: str
+    start: int
+    num_new_tokens: int
+    samples: bool
+
+
+@dataclass
+class Step:
+    output: SchedulerOutput
+    scheduled: list[Item]
+
+    @property
+    def preempted_ids(self) -> list[str]:
+        return self.output.preempted_req_ids
+
+    @property
+    def finished_ids(self) -> list[str]:
+        return self.output.finished_req_ids
+
+
+class FakeWorker:
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
+        self.batch = InputBatch()
         self.slots: dict[tuple[int, int], int] = {}
 
-    def execute(self, output: SchedulerOutput) -> dict[str, int]:
+    def execute(self, scheduler: Scheduler, output: SchedulerOutput) -> tuple[ModelRunnerOutput, list[Item]]:
         bs = self.block_size
-        for item in output.scheduled:
-            request = item.request
+        scheduled = self.batch.update(output)
+        for item in scheduled:
+            state = item.state
+            assert state.token_ids == scheduler.requests[state.req_id].all_token_ids, "the contract lost a token"
             for p in range(item.start, item.start + item.num_new_tokens):
-                self.slots[request.block_ids[p // bs], p % bs] = request.all_token_ids[p]
-        sampled = {}
-        for item in output.scheduled:
-            request, end = item.request, item.start + item.num_new_tokens
-            context = [self.slots.get((request.block_ids[p // bs], p % bs)) for p in range(end)]
-            assert context == request.all_token_ids[:end], f"wrong KV context for {request}"
+                self.slots[state.block_ids[p // bs], p % bs] = state.token_ids[p]
+        result = ModelRunnerOutput()
+        for item in scheduled:
+            state, end = item.state, item.start + item.num_new_tokens
+            context = [self.slots.get((state.block_ids[p // bs], p % bs)) for p in range(end)]
+            assert context == state.token_ids[:end], f"wrong KV context for {state.req_id}"
             if item.samples:
-                sampled[request.request_id] = next_token(context)
-        return sampled
+                token = next_token(context)
+                state.token_ids.append(token)
+                result.req_ids.append(state.req_id)
+                result.sampled_token_ids.append(token)
+        return result, [Item(i.state.req_id, i.start, i.num_new_tokens, i.samples) for i in scheduled]
 
 
-def step(scheduler: Scheduler, runner: FakeRunner) -> tuple[SchedulerOutput, list[Request]]:
+def step(scheduler: Scheduler, worker: FakeWorker) -> tuple[Step, list[Request]]:
     output = scheduler.schedule()
-    assert output.num_batched_tokens == sum(s.num_new_tokens for s in output.scheduled)
-    assert output.num_batched_tokens <= scheduler.max_num_batched_tokens
-    assert len(output.scheduled) <= scheduler.max_num_seqs
-    return output, scheduler.update_from_output(output, runner.execute(output))
+    assert output.total_num_scheduled_tokens == sum(output.num_scheduled_tokens.values())
+    assert output.total_num_scheduled_tokens <= scheduler.max_num_batched_tokens
+    assert len(output.num_scheduled_tokens) <= scheduler.max_num_seqs
+    result, items = worker.execute(scheduler, output)
+    return Step(output, items), scheduler.update_from_output(output, result)
 
 
-def run_all(scheduler: Scheduler, requests: list[Request], max_steps: int = 1000) -> list[SchedulerOutput]:
-    runner = FakeRunner(scheduler.kv_cache_manager.block_size)
+def run_all(scheduler: Scheduler, requests: list[Request], max_steps: int = 1000) -> list[Step]:
+    worker = FakeWorker(scheduler.kv_cache_manager.block_size)
     for request in requests:
         scheduler.add_request(request)
-    outputs = []
+    steps = []
     while scheduler.has_unfinished_requests():
-        assert len(outputs) < max_steps, "the scheduler made no progress"
-        outputs.append(step(scheduler, runner)[0])
+        assert len(steps) < max_steps, "the scheduler made no progress"
+        steps.append(step(scheduler, worker)[0])
     kv = scheduler.kv_cache_manager
     assert kv.num_free_blocks == kv.num_blocks, "blocks leaked"
-    return outputs
+    return steps
 
 
 def expected_output(prompt: list[int], max_tokens: int) -> list[int]:
@@ -93,10 +127,10 @@ def test_token_budget_and_chunks() -> None:
     requests = [make_request(str(i), p, max_tokens=4) for i, p in enumerate(prompts(3, 10))]
     outputs = run_all(scheduler, requests)
     first = outputs[0]
-    assert [(s.request.request_id, s.start, s.num_new_tokens, s.samples) for s in first.scheduled] == [
+    assert [(s.rid, s.start, s.num_new_tokens, s.samples) for s in first.scheduled] == [
         ("0", 0, 10, True), ("1", 0, 6, False)]
     second = outputs[1]
-    assert [(s.request.request_id, s.start, s.num_new_tokens) for s in second.scheduled] == [
+    assert [(s.rid, s.start, s.num_new_tokens) for s in second.scheduled] == [
         ("0", 10, 1), ("1", 6, 4), ("2", 0, 10)]
     for request, prompt in zip(requests, prompts(3, 10), strict=True):
         assert request.output_token_ids == expected_output(prompt, 4)
@@ -105,14 +139,14 @@ def test_token_budget_and_chunks() -> None:
 
 def test_decode_and_prefill_share_a_step() -> None:
     scheduler = make_scheduler()
-    runner = FakeRunner(4)
+    worker = FakeWorker(4)
     a = make_request("a", [5, 6, 7], max_tokens=10)
     scheduler.add_request(a)
-    step(scheduler, runner)
+    step(scheduler, worker)
     b = make_request("b", [8, 9, 10, 11, 12], max_tokens=10)
     scheduler.add_request(b)
-    output, updated = step(scheduler, runner)
-    assert [(s.request, s.start, s.num_new_tokens) for s in output.scheduled] == [(a, 3, 1), (b, 0, 5)]
+    output, updated = step(scheduler, worker)
+    assert [(s.rid, s.start, s.num_new_tokens) for s in output.scheduled] == [("a", 3, 1), ("b", 0, 5)]
     assert updated == [a, b]
     assert a.num_output_tokens == 2 and b.num_output_tokens == 1
 
@@ -129,15 +163,15 @@ def test_chunked_prefill_over_several_steps() -> None:
 
 def test_without_chunked_prefill_a_prompt_waits_for_budget_and_keeps_its_place() -> None:
     scheduler = make_scheduler(max_num_batched_tokens=20, max_model_len=20, enable_chunked_prefill=False)
-    runner = FakeRunner(4)
+    worker = FakeWorker(4)
     a, b = (make_request(n, p, max_tokens=5) for n, p in zip("ab", prompts(2, 12), strict=True))
     c = make_request("c", [1, 3, 4], max_tokens=5)
     for request in (a, b, c):
         scheduler.add_request(request)
-    output, _ = step(scheduler, runner)
-    assert [s.request for s in output.scheduled] == [a]  # c fits the budget but must not pass b
-    output, _ = step(scheduler, runner)
-    assert [(s.request, s.num_new_tokens) for s in output.scheduled] == [(a, 1), (b, 12), (c, 3)]
+    output, _ = step(scheduler, worker)
+    assert [s.rid for s in output.scheduled] == ["a"]  # c fits the budget but must not pass b
+    output, _ = step(scheduler, worker)
+    assert [(s.rid, s.num_new_tokens) for s in output.scheduled] == [("a", 1), ("b", 12), ("c", 3)]
 
     with pytest.raises(ValueError, match="chunked prefill"):
         make_scheduler(max_num_batched_tokens=16, max_model_len=20, enable_chunked_prefill=False)
@@ -145,14 +179,14 @@ def test_without_chunked_prefill_a_prompt_waits_for_budget_and_keeps_its_place()
 
 def test_waiting_requests_keep_fifo_order_when_blocks_run_out() -> None:
     scheduler = make_scheduler(num_blocks=6, block_size=4)
-    runner = FakeRunner(4)
+    worker = FakeWorker(4)
     a = make_request("a", list(range(11, 27)), max_tokens=2)  # 4 blocks, then a fifth for decoding
     b = make_request("b", list(range(30, 39)), max_tokens=2)  # 3 blocks: more than the 2 left
     c = make_request("c", [1, 3], max_tokens=2)  # 1 block: would fit
     for request in (a, b, c):
         scheduler.add_request(request)
-    output, _ = step(scheduler, runner)
-    assert [s.request for s in output.scheduled] == [a]
+    output, _ = step(scheduler, worker)
+    assert [s.rid for s in output.scheduled] == ["a"]
     assert scheduler.num_waiting == 2 and scheduler.num_running == 1
 
 
@@ -161,7 +195,7 @@ def test_max_num_seqs() -> None:
     requests = [make_request(str(i), p, max_tokens=3) for i, p in enumerate(prompts(3, 5))]
     outputs = run_all(scheduler, requests)
     assert max(len(o.scheduled) for o in outputs) == 2
-    assert [s.request.request_id for s in outputs[0].scheduled] == ["0", "1"]
+    assert [s.rid for s in outputs[0].scheduled] == ["0", "1"]
     assert all(r.output_token_ids == expected_output(p, 3) for r, p in zip(requests, prompts(3, 5), strict=True))
 
 
@@ -189,23 +223,23 @@ def test_preemption_of_the_newest_and_recompute_gives_the_same_outputs() -> None
 
     # The first preemption hit the most recently admitted request, which went to the front of the queue.
     step_index = next(i for i, o in enumerate(outputs) if o.preempted_ids)
-    admitted_before = [s.request.request_id for o in outputs[:step_index] for s in o.scheduled if s.start == 0]
+    admitted_before = [s.rid for o in outputs[:step_index] for s in o.scheduled if s.start == 0]
     assert outputs[step_index].preempted_ids[0] == admitted_before[-1]
 
 
 def test_preempted_request_goes_to_the_front_of_waiting() -> None:
     scheduler = make_scheduler(num_blocks=4, block_size=4, max_num_batched_tokens=32)
-    runner = FakeRunner(4)
+    worker = FakeWorker(4)
     a = make_request("a", list(range(10, 18)), max_tokens=10)  # 2 blocks, grows to a third
     b = make_request("b", list(range(20, 28)), max_tokens=10)  # 2 blocks
     c = make_request("c", [1, 3, 5], max_tokens=10)
     for request in (a, b, c):
         scheduler.add_request(request)
-    output, _ = step(scheduler, runner)
-    assert [s.request for s in output.scheduled] == [a, b]
-    output, _ = step(scheduler, runner)  # a needs a third block: b, the newest, is preempted
+    output, _ = step(scheduler, worker)
+    assert [s.rid for s in output.scheduled] == ["a", "b"]
+    output, _ = step(scheduler, worker)  # a needs a third block: b, the newest, is preempted
     assert output.preempted_ids == ["b"]
-    assert [s.request for s in output.scheduled] == [a]
+    assert [s.rid for s in output.scheduled] == ["a"]
     assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0 and b.block_ids == []
     assert b.num_output_tokens == 1 and b.num_preemptions == 1
     assert list(scheduler.waiting) == [b, c]
@@ -213,15 +247,15 @@ def test_preempted_request_goes_to_the_front_of_waiting() -> None:
 
 def test_a_request_preempts_itself_when_it_is_the_newest() -> None:
     scheduler = make_scheduler(num_blocks=4, block_size=4)
-    runner = FakeRunner(4)
+    worker = FakeWorker(4)
     a = make_request("a", list(range(10, 17)), max_tokens=10)  # 7 tokens: its first decode fits 2 blocks
     b = make_request("b", list(range(20, 28)), max_tokens=10)  # 8 tokens: its first decode needs a third
     scheduler.add_request(a)
     scheduler.add_request(b)
-    step(scheduler, runner)
-    output, _ = step(scheduler, runner)
+    step(scheduler, worker)
+    output, _ = step(scheduler, worker)
     assert output.preempted_ids == ["b"]
-    assert [s.request for s in output.scheduled] == [a]
+    assert [s.rid for s in output.scheduled] == ["a"]
     assert list(scheduler.waiting) == [b]
 
 
@@ -255,10 +289,11 @@ def test_prefill_leader_is_waited_for_then_hit_in_the_cache() -> None:
     first_of = {}
     for i, output in enumerate(outputs):
         for s in output.scheduled:
-            first_of.setdefault(s.request.request_id, (i, s.start))
+            first_of.setdefault(s.rid, (i, s.start))
     assert first_of["L"] == (0, 0)
     assert first_of["O"][0] == 2  # the follower does not block the queue behind it
-    assert first_of["F"] == (3, 16)  # after the leader's last chunk (step 2), from the cache
+    # As soon as the leader has written the 4 full blocks the follower can take (after step 1), from the cache.
+    assert first_of["F"] == (2, 16)
     assert follower.num_cached_tokens == 16
     assert follower.output_token_ids == leader.output_token_ids == expected_output(prompt, 3)
 
@@ -269,18 +304,18 @@ def test_without_prefix_caching_there_is_no_leader_to_wait_for() -> None:
     leader = make_request("L", prompt, max_tokens=3)
     follower = make_request("F", prompt, prefill_leader="L", max_tokens=3)
     outputs = run_all(scheduler, [leader, follower])
-    assert [s.request.request_id for s in outputs[1].scheduled] == ["L"]
+    assert [s.rid for s in outputs[1].scheduled] == ["L"]
     assert follower.num_cached_tokens == 0
     assert follower.output_token_ids == expected_output(prompt, 3)
 
 
 def test_aborts_free_blocks_wherever_the_request_is() -> None:
     scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_batched_tokens=12)
-    runner = FakeRunner(4)
+    worker = FakeWorker(4)
     a, b, c = (make_request(n, p, max_tokens=20) for n, p in zip("abc", prompts(3, 8), strict=True))
     for request in (a, b, c):
         scheduler.add_request(request)
-    step(scheduler, runner)  # a fully and b partly prefilled, c waiting
+    step(scheduler, worker)  # a fully and b partly prefilled, c waiting
     assert scheduler.kv_cache_manager.num_free_blocks == 5
     assert scheduler.abort(["b", "c", "nope"]) == [b, c]
     assert b.status is c.status is RequestStatus.FINISHED_ABORTED
@@ -288,11 +323,11 @@ def test_aborts_free_blocks_wherever_the_request_is() -> None:
     assert scheduler.num_waiting == 0 and scheduler.num_running == 1
 
     output = scheduler.schedule()
-    assert output.finished_ids == ["b", "c"]
-    sampled = runner.execute(output)
+    assert output.finished_req_ids == ["b", "c"]
+    sampled, _ = worker.execute(scheduler, output)
     scheduler.abort(["a"])  # between schedule() and update_from_output()
     assert scheduler.update_from_output(output, sampled) == []
-    assert scheduler.schedule().finished_ids == ["a"]
+    assert scheduler.schedule().finished_req_ids == ["a"]
     assert not scheduler.has_unfinished_requests()
     assert scheduler.kv_cache_manager.num_free_blocks == 8
     assert scheduler.abort(["a"]) == []
@@ -305,7 +340,8 @@ def drive(request: Request, tokens: list[int], max_model_len: int = 64) -> list[
     fed = iter(tokens)
     while scheduler.has_unfinished_requests():
         output = scheduler.schedule()
-        scheduler.update_from_output(output, {s.request.request_id: next(fed) for s in output.scheduled})
+        rids = list(output.num_scheduled_tokens)
+        scheduler.update_from_output(output, ModelRunnerOutput(rids, [next(fed) for _ in rids]))
     assert scheduler.kv_cache_manager.num_free_blocks == scheduler.kv_cache_manager.num_blocks
     return request.output_token_ids
 
@@ -340,10 +376,23 @@ def test_length_limits() -> None:
     assert request.status is RequestStatus.FINISHED_LENGTH and request.num_tokens == 6
 
 
-def test_scheduled_request_samples_only_at_the_last_token() -> None:
-    request = make_request("a", list(range(10)))
-    assert not ScheduledRequest(request, 4, 0).samples
-    assert ScheduledRequest(request, 6, 4).samples
+def test_the_contract_sends_a_request_once_then_only_new_blocks() -> None:
+    scheduler = make_scheduler(block_size=4, max_num_batched_tokens=6)
+    request = make_request("a", list(range(10, 20)), max_tokens=4)
+    scheduler.add_request(request)
+    worker = FakeWorker(4)
+    first, _ = step(scheduler, worker)
+    (new,) = first.output.scheduled_new_reqs
+    assert (new.req_id, new.prompt_token_ids, new.block_ids, new.num_computed_tokens) == (
+        "a", list(range(10, 20)), request.block_ids[:2], 0)
+    assert not first.output.scheduled_cached_reqs and not first.scheduled[0].samples
+    second, _ = step(scheduler, worker)
+    (cached,) = second.output.scheduled_cached_reqs
+    assert not second.output.scheduled_new_reqs
+    assert (cached.new_block_ids, cached.num_computed_tokens) == ([request.block_ids[2]], 6)
+    assert second.scheduled[0].samples and request.num_output_tokens == 1
+    third, _ = step(scheduler, worker)
+    assert third.output.scheduled_cached_reqs[0].new_block_ids == []
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -371,13 +420,13 @@ def test_random_workloads_give_the_outputs_of_a_lone_request(seed: int) -> None:
             expected[f"{i}.1"] = expected[str(i)]
     aborted = {r.request_id for r in requests if rng.random() < 0.1}
 
-    runner = FakeRunner(block_size)
+    worker = FakeWorker(block_size)
     for request in requests:
         scheduler.add_request(request)
     for num_steps in range(2000):
         if not scheduler.has_unfinished_requests():
             break
-        step(scheduler, runner)
+        step(scheduler, worker)
         if num_steps == 3:
             scheduler.abort(aborted)
     assert not scheduler.has_unfinished_requests()

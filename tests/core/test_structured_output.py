@@ -10,9 +10,9 @@ import jsonschema
 import pytest
 
 from wick import LLM, SamplingParams, StructuredOutputsParams
-from wick.engine.core import EngineCoreRequest
+from wick.core.request import Request
 from wick.engine.core_process import decode_request, encode_request, pack, unpack
-from wick.engine.request import Request
+from wick.engine.protocol import EngineCoreRequest
 
 pytestmark = pytest.mark.slow
 

@@ -24,7 +24,7 @@ def _generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> lis
 def _assert_no_leak(llm: LLM) -> None:
     manager = llm.core.kv_cache_manager
     assert not llm.core.has_unfinished_requests()
-    assert manager.num_free_blocks == llm.core.runner.num_blocks
+    assert manager.num_free_blocks == manager.num_blocks
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)

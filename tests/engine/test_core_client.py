@@ -13,8 +13,8 @@ from collections.abc import Callable
 import pytest
 
 from wick import LLM, EngineArgs, SamplingParams
-from wick.engine.core import EngineCoreOutput, EngineCoreRequest
 from wick.engine.core_client import CoreClient, CoreDied, CoreEvent, CoreOutputs, EngineStartupError, RequestError
+from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
 
 ARGS = dict(max_model_len=1024, num_kv_blocks=48)
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -9,17 +9,16 @@ import pytest
 import torch
 
 import wick.kernels.sampling as sampling
-from wick.engine.request import Request
 from wick.kernels.sampling import exponential_race, exponential_race_ref, random_draws
 from wick.layers.sampler import (
     _GOLDEN,
     _M32,
-    SamplingMetadata,
     _mix32,
     _sample_random,
     random_exponentials,
 )
 from wick.sampling_params import SamplingParams
+from wick.worker.input_batch import CachedRequestState, build_sampling_metadata
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 EDGE_SEEDS = [0, 1, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**63 - 1, -(2**63), -1, -(2**32), 0x0123_4567_89AB_CDEF]
@@ -82,11 +81,11 @@ def test_sampler_torch_path_matches_kernel() -> None:
     vocab_size = 1000
     for _ in range(12):
         sp = SamplingParams(temperature=rng.uniform(0.3, 2.0))
-        requests = [Request(f"r{i}", [1, 2, 3], sp, seed=rng.randrange(2**64)) for i in range(3)]
-        for _ in range(rng.randrange(5)):
-            for req in requests:
-                req.append_output_token(rng.randrange(vocab_size))
-        metadata = SamplingMetadata.from_requests(requests, vocab_size, torch.device("cpu"))
+        num_outputs = rng.randrange(5)
+        requests = [CachedRequestState(f"r{i}", [1, 2, 3], [1, 2, 3] + [rng.randrange(vocab_size)
+                                       for _ in range(num_outputs)], sp, rng.randrange(2**64), [], 0)
+                    for i in range(3)]
+        metadata = build_sampling_metadata(requests, vocab_size, torch.device("cpu"))
         logits = torch.randn(3, vocab_size) * 4
         probs = (logits / metadata.temperature[:, None]).softmax(-1)
         expected = _sample_random(logits, metadata)

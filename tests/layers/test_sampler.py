@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from wick.engine.request import Request
+from wick.core.sched_output import GrammarBitmask
 from wick.layers.sampler import (
     Sampler,
     SamplerOutput,
@@ -17,23 +17,21 @@ from wick.layers.sampler import (
     process_logits,
 )
 from wick.sampling_params import SamplingParams
+from wick.worker.input_batch import CachedRequestState, build_sampling_metadata
 
 CPU = torch.device("cpu")
 
 
 def make_request(sp: SamplingParams, seed: int = 0, prompt: tuple[int, ...] = (1, 2, 3),
-                 output: tuple[int, ...] = (), rid: str = "r") -> Request:
-    req = Request(rid, list(prompt), sp, seed=seed)
-    for token in output:
-        req.append_output_token(token)
-    return req
+                 output: tuple[int, ...] = (), rid: str = "r") -> CachedRequestState:
+    return CachedRequestState(rid, list(prompt), list(prompt) + list(output), sp, seed, [], 0)
 
 
-def metadata_for(requests: list[Request], vocab_size: int) -> SamplingMetadata:
-    return SamplingMetadata.from_requests(requests, vocab_size, CPU)
+def metadata_for(requests: list[CachedRequestState], vocab_size: int) -> SamplingMetadata:
+    return build_sampling_metadata(requests, vocab_size, CPU)
 
 
-def sample(requests: list[Request], logits: torch.Tensor) -> SamplerOutput:
+def sample(requests: list[CachedRequestState], logits: torch.Tensor) -> SamplerOutput:
     return Sampler()(logits, metadata_for(requests, logits.shape[-1]))
 
 
@@ -295,10 +293,11 @@ def test_grammar_bitmask_constrains_only_its_rows_greedy_and_random() -> None:
     vocab_size = 70  # not a multiple of 32: the last word's high bits lie past the vocabulary
     logits = torch.randn(4, vocab_size)
     allowed = [[1, 31, 32, 69], [5]]
-    requests = [make_request(SamplingParams(temperature=t, repetition_penalty=1.2, top_k=3), seed=s, output=(1,))
-                for s, t in enumerate([0.0, 1.0, 0.0, 1.0])]
-    grammar = ([0, 3], _pack(allowed, vocab_size))
-    metadata = SamplingMetadata.from_requests(requests, vocab_size, CPU, grammar)
+    requests = [make_request(SamplingParams(temperature=t, repetition_penalty=1.2, top_k=3), seed=s, output=(1,),
+                             rid=str(s)) for s, t in enumerate([0.0, 1.0, 0.0, 1.0])]
+    # Listed in another order than the batch's rows: the masks follow the request ids.
+    grammar = GrammarBitmask(["3", "0"], _pack(allowed[::-1], vocab_size))
+    metadata = build_sampling_metadata(requests, vocab_size, CPU, grammar)
     processed = process_logits(logits, metadata)
     free = process_logits(logits, metadata_for(requests, vocab_size))
     for row, tokens in zip([0, 3], allowed, strict=True):
@@ -310,8 +309,7 @@ def test_grammar_bitmask_constrains_only_its_rows_greedy_and_random() -> None:
     assert sampled[3] == 5
     assert sampled[1:3] == sample(requests, logits).sampled_token_ids.tolist()[1:3]
 
-    many = [make_request(SamplingParams(temperature=1.5), seed=s) for s in range(200)]
-    mask = _pack(allowed[:1] * 200, vocab_size)
-    draws = Sampler()(logits[:1].expand(200, vocab_size).clone(),
-                      SamplingMetadata.from_requests(many, vocab_size, CPU, (list(range(200)), mask)))
+    many = [make_request(SamplingParams(temperature=1.5), seed=s, rid=str(s)) for s in range(200)]
+    mask = GrammarBitmask([str(s) for s in range(200)], _pack(allowed[:1] * 200, vocab_size))
+    draws = Sampler()(logits[:1].expand(200, vocab_size).clone(), build_sampling_metadata(many, vocab_size, CPU, mask))
     assert set(draws.sampled_token_ids.tolist()) <= set(allowed[0])

@@ -40,7 +40,7 @@ def _prompts() -> list[list[int]]:
 def _gpu_llm(folder: str, dtype: str, enforce_eager: bool) -> LLM:
     llm = LLM(folder, device="cuda", dtype=dtype, attention_backend="triton", enforce_eager=enforce_eager,
               max_num_seqs=16, kv_cache_memory=1 << 30)
-    assert (llm.core.runner.decode_graphs is None) == enforce_eager
+    assert (llm.core.executor.worker.runner.decode_graphs is None) == enforce_eager
     return llm
 
 

@@ -84,7 +84,7 @@ class Chat:
     def send(self, text: str) -> Iterator[str]:
         """Adds the user's message, yields the answer's text piece by piece as it is decoded, and
         adds the answer to the history. Raises ValueError when the conversation no longer fits."""
-        from wick.engine.core import EngineCoreRequest
+        from wick.engine.protocol import EngineCoreRequest
         from wick.tokenizer.chat_template import apply_chat_template
 
         llm = self.llm

@@ -11,6 +11,7 @@ import os
 import sys
 
 from wick.cli.engine_flags import add_engine_flags, engine_args_from
+from wick.config import EngineArgs
 from wick.tools.registry import REASONING_PARSERS, TOOL_PARSERS
 
 
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     engine_args = engine_args_from(args)
+    if engine_args.node_rank > 0 or _worker_rank_under_torchrun() > 0 or os.environ.get("SLURM_NODEID", "0") != "0":
+        return _serve_workers(engine_args)
     mcp_servers = load_mcp_config(args.mcp_config) if args.mcp_config else None
     try:
         sock = listen(args.host, args.port)
@@ -73,3 +76,22 @@ def _chat_template(value: str | None) -> str | None:
         with open(value, encoding="utf-8") as f:
             return f.read()
     return value
+
+
+def _worker_rank_under_torchrun() -> int:
+    return int(os.environ.get("RANK", "0")) if "TORCHELASTIC_RUN_ID" in os.environ else 0
+
+
+def _serve_workers(engine_args: EngineArgs) -> int:
+    """A node other than 0 (or a rank other than 0 that torchrun started): workers only, no HTTP port;
+    they exit when node 0 goes away."""
+    from wick.executor.worker_process import run_worker, run_worker_node
+
+    config = engine_args.create_engine_config()
+    parallel = config.parallel
+    print(f"wick serve: node {parallel.node_rank} of {parallel.nnodes}: workers for node 0 at "
+          f"{parallel.master_addr}:{parallel.master_port}", file=sys.stderr)
+    if parallel.launched_externally:
+        run_worker(config, int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")))
+        return 0
+    return run_worker_node(config)

@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Sequence
 
 from wick.core.block_pool import BlockPool
-from wick.engine.request import Request
+from wick.core.request import Request
 
 _ROOT_HASH = bytes(32)  # the "parent hash" of a request's first block
 
@@ -109,6 +109,10 @@ class KVCacheManager:
         for i in range(start, end):
             self.pool.register(request.block_ids[i], hashes[i])
         self._num_cached_blocks[request.request_id] = end
+
+    def num_cached_blocks(self, request: Request) -> int:
+        """How many of the request's leading blocks are in the prefix-cache table."""
+        return self._num_cached_blocks.get(request.request_id, 0)
 
     def free(self, request: Request) -> None:
         """Releases the request's blocks, last block first so that a sequence's tail is evicted

@@ -11,35 +11,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from wick.core.kv_cache_manager import KVCacheManager
-from wick.engine.request import Request, RequestStatus
-
-
-@dataclass
-class ScheduledRequest:
-    """This step computes positions start .. start + num_new_tokens - 1 of `request`."""
-
-    request: Request
-    num_new_tokens: int
-    start: int
-    # Whether this step reaches the request's last token, so that a new token is sampled. Fixed
-    # when scheduled: it must not change once the sampled token has been appended.
-    samples: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.samples = self.start + self.num_new_tokens == self.request.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledRequest] = field(default_factory=list)
-    num_batched_tokens: int = 0
-    # Requests sent back to waiting this step; they restart from their first token.
-    preempted_ids: list[str] = field(default_factory=list)
-    # Requests finished or aborted since the previous step.
-    finished_ids: list[str] = field(default_factory=list)
+from wick.core.request import Request, RequestStatus
+from wick.core.sched_output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 
 
 class Scheduler:
@@ -63,6 +38,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.num_preemptions = 0
         self._finished_ids: list[str] = []
+        # Requests the workers know, with how many of their blocks they have been sent.
+        self._num_blocks_sent: dict[str, int] = {}
 
     @property
     def num_running(self) -> int:
@@ -94,7 +71,7 @@ class Scheduler:
         self.waiting.append(request)
 
     def schedule(self) -> SchedulerOutput:
-        output = SchedulerOutput(finished_ids=self._finished_ids)
+        output = SchedulerOutput(finished_req_ids=self._finished_ids)
         self._finished_ids = []
         budget = self.max_num_batched_tokens
         kv = self.kv_cache_manager
@@ -106,19 +83,35 @@ class Scheduler:
             while not kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
-                output.preempted_ids.append(victim.request_id)
+                output.preempted_req_ids.append(victim.request_id)
                 if victim is request:
                     break
             else:
-                output.scheduled.append(ScheduledRequest(request, num_new, request.num_computed_tokens))
+                self._add_to_output(output, request, num_new)
                 budget -= num_new
                 i += 1
 
         # After a preemption memory is short: admitting more would only preempt again.
-        if not output.preempted_ids:
+        if not output.preempted_req_ids:
             budget = self._admit_waiting(output, budget)
-        output.num_batched_tokens = self.max_num_batched_tokens - budget
+        output.total_num_scheduled_tokens = self.max_num_batched_tokens - budget
         return output
+
+    def _add_to_output(self, output: SchedulerOutput, request: Request, num_new: int) -> None:
+        """Puts the request in the step contract (its whole data if the workers do not know it, else
+        only its new blocks) and counts its `num_new` tokens as computed."""
+        rid = request.request_id
+        sent = self._num_blocks_sent.get(rid)
+        if sent is None:
+            output.scheduled_new_reqs.append(NewRequestData(
+                rid, request.prompt_token_ids, list(request.output_token_ids), request.sampling_params,
+                request.seed, list(request.block_ids), request.num_computed_tokens))
+        else:
+            output.scheduled_cached_reqs.append(
+                CachedRequestData(rid, request.block_ids[sent:], request.num_computed_tokens))
+        self._num_blocks_sent[rid] = len(request.block_ids)
+        output.num_scheduled_tokens[rid] = num_new
+        request.num_computed_tokens += num_new
 
     def _admit_waiting(self, output: SchedulerOutput, budget: int) -> int:
         kv = self.kv_cache_manager
@@ -142,7 +135,7 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             admitted.append(request)
-            output.scheduled.append(ScheduledRequest(request, num_new, num_cached))
+            self._add_to_output(output, request, num_new)
             budget -= num_new
         if admitted:
             taken = {id(r) for r in admitted}
@@ -150,15 +143,17 @@ class Scheduler:
         return budget
 
     def _waits_for_leader(self, request: Request) -> bool:
-        """A request whose prompt another unfinished request is prefilling waits for that prefill,
-        to find the prompt's blocks in the prefix cache instead of computing them twice."""
-        if request.prefill_leader is None or not self.kv_cache_manager.enable_prefix_caching:
+        """A request whose prompt another unfinished request is prefilling waits until that prefill's
+        blocks are in the prefix cache, to find them there instead of computing them twice."""
+        kv = self.kv_cache_manager
+        if request.prefill_leader is None or not kv.enable_prefix_caching:
             return False
         leader = self.requests.get(request.prefill_leader)
-        return leader is not None and leader.num_computed_tokens < leader.num_prompt_tokens
+        return leader is not None and kv.num_cached_blocks(leader) < (leader.num_prompt_tokens - 1) // kv.block_size
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)
+        self._num_blocks_sent.pop(request.request_id, None)
         request.num_computed_tokens = 0
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
@@ -166,20 +161,23 @@ class Scheduler:
         self.waiting.appendleft(request)
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
-                           sampled_token_ids: dict[str, int]) -> list[Request]:
-        """Records a finished step: progress, newly computed blocks, sampled tokens and stops.
+                           runner_output: ModelRunnerOutput) -> list[Request]:
+        """Records a finished step: newly computed blocks, sampled tokens and stops.
         Returns the requests that got a new token, finished ones included."""
+        starts = {d.req_id: d.num_computed_tokens for d in scheduler_output.scheduled_new_reqs}
+        starts.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_cached_reqs)
+        sampled = dict(zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True))
         updated = []
         any_finished = False
-        for item in scheduler_output.scheduled:
-            request = item.request
-            if request.is_finished:  # aborted since the step was scheduled
+        for rid, num_new in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(rid)
+            if request is None or request.is_finished:  # aborted since the step was scheduled
                 continue
-            request.num_computed_tokens = item.start + item.num_new_tokens
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
-            if not item.samples:
+            self.kv_cache_manager.cache_blocks(request, starts[rid] + num_new)
+            token = sampled.get(rid)
+            if token is None:
                 continue
-            request.append_output_token(sampled_token_ids[request.request_id])
+            request.append_output_token(token)
             grammar = request.structured_output
             if grammar is not None and grammar.advance(request.output_token_ids):
                 status = RequestStatus.FINISHED_STOPPED
@@ -221,5 +219,6 @@ class Scheduler:
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
         self.kv_cache_manager.free(request)
+        self._num_blocks_sent.pop(request.request_id, None)
         del self.requests[request.request_id]
         self._finished_ids.append(request.request_id)

@@ -12,14 +12,14 @@ from __future__ import annotations
 import json
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from wick.config import EngineConfig
-from wick.engine.request import Request
+from wick.core.request import Request
+from wick.core.sched_output import GrammarBitmask
 from wick.sampling_params import StructuredOutputsParams
 from wick.tokenizer.tokenizer import get_tokenizer
 
@@ -29,14 +29,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _CACHE_SIZE = 256
-
-
-@dataclass
-class GrammarBitmask:
-    """Packed masks for some rows of a batch: bit t of row i allows token t in batch row rows[i]."""
-
-    rows: list[int]
-    bitmask: torch.Tensor  # [len(rows), ceil(vocab / 32)] int32, on the CPU
 
 
 class RequestGrammar:
@@ -96,16 +88,16 @@ class StructuredOutputManager:
             xgr.GrammarMatcher(self._compiled(spec), override_stop_tokens=stop_ids), spec.after_token_id)
 
     def fill_bitmask(self, requests: list[Request]) -> GrammarBitmask | None:
-        """The masks of the constrained requests among `requests` (a batch's sampling rows), in a
+        """The masks of the constrained requests among `requests` (those that sample this step), in a
         buffer reused every step; None when none is constrained (yet)."""
-        rows = [row for row, request in enumerate(requests)
-                if request.structured_output is not None and request.structured_output.active]
-        if not rows:
+        constrained = [request for request in requests
+                       if request.structured_output is not None and request.structured_output.active]
+        if not constrained:
             return None
-        bitmask = self._bitmask[:len(rows)]
-        for i, row in enumerate(rows):
-            requests[row].structured_output.fill(bitmask, i)
-        return GrammarBitmask(rows, bitmask)
+        bitmask = self._bitmask[:len(constrained)]
+        for i, request in enumerate(constrained):
+            request.structured_output.fill(bitmask, i)
+        return GrammarBitmask([request.request_id for request in constrained], bitmask)
 
     def _compiled(self, spec: StructuredOutputsParams) -> xgr.CompiledGrammar:
         key = _cache_key(spec)

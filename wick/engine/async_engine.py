@@ -20,9 +20,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from wick.config import EngineArgs
-from wick.engine.core import EngineCoreRequest
 from wick.engine.core_client import CoreClient, CoreDied, CoreEvent, CoreOutputs, EngineDeadError, RequestError
 from wick.engine.output_processor import OutputProcessor, child_seed
+from wick.engine.protocol import EngineCoreRequest
 from wick.outputs import RequestOutput
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer

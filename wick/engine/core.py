@@ -5,46 +5,29 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-from dataclasses import dataclass
 
 from wick.config import EngineConfig
 from wick.core.kv_cache_manager import KVCacheManager
+from wick.core.request import Request, RequestStatus
 from wick.core.scheduler import Scheduler
 from wick.core.structured_output import StructuredOutputManager
-from wick.engine.request import Request, RequestStatus
-from wick.sampling_params import SamplingParams
-from wick.worker.model_runner import ModelRunner, TokenLogprobs
+from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from wick.executor import create_executor
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineCoreRequest:
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling_params: SamplingParams  # n is already fanned out into one request per sample
-    seed: int | None = None
-    prefill_leader: str | None = None
-
-
-@dataclass
-class EngineCoreOutput:
-    request_id: str
-    new_token_ids: list[int]
-    new_logprobs: list[TokenLogprobs] | None = None
-    new_prompt_logprobs: list[TokenLogprobs] | None = None
-    finish_reason: str | None = None  # "stop" | "length" | "abort"
-    stop_reason: int | None = None  # the stop token id that ended the request, if any
-    num_cached_tokens: int = 0
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.runner = ModelRunner(config)
-        num_blocks = self.runner.determine_num_blocks()
-        self.runner.initialize_kv_cache(num_blocks)
-        self.runner.capture_cuda_graphs()
+        self.executor = create_executor(config)
+        try:
+            num_blocks = self.executor.determine_num_blocks()
+            self.executor.initialize_kv_cache(num_blocks)
+            self.executor.capture_cuda_graphs()
+        except BaseException:
+            self.executor.shutdown()
+            raise
         tokens = num_blocks * config.block_size
         logger.info("KV cache: %d blocks of %d tokens = %d tokens; %.1f requests of %d tokens fit at once",
                     num_blocks, config.block_size, tokens, tokens / config.max_model_len, config.max_model_len)
@@ -52,6 +35,7 @@ class EngineCore:
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.args.enable_chunked_prefill)
         self.structured_output = StructuredOutputManager(config)
+        self.vocab_size = config.hf_config.vocab_size
         self._rng = random.Random(config.args.seed)
         self._arrivals = itertools.count()
 
@@ -71,25 +55,39 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         scheduler_output = self.scheduler.schedule()
-        if not scheduler_output.scheduled:
+        if not scheduler_output.num_scheduled_tokens:
             return []
-        result = self.runner.execute_model(scheduler_output, self.structured_output)
-        for request_id, entries in result.prompt_logprobs.items():
-            request = next(s.request for s in scheduler_output.scheduled if s.request.request_id == request_id)
-            request.prompt_logprobs.extend(entries)
-        updated = self.scheduler.update_from_output(scheduler_output, result.sampled_token_ids)
+        self.executor.execute_model(scheduler_output)
+        # On a GPU the forward is running now: the grammar masks fill on the CPU meanwhile.
+        requests = self.scheduler.requests
+        samplers = [requests[rid] for rid in scheduler_output.num_scheduled_tokens
+                    if requests[rid].num_computed_tokens == requests[rid].num_tokens]
+        result = self.executor.sample_tokens(self.structured_output.fill_bitmask(samplers))
+        prompt_logprobs = {}
+        for rid, entries in result.prompt_logprobs.items():
+            request = requests[rid]
+            # After a preemption the prompt is computed again: keep only positions not reported yet.
+            start = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[rid]
+            new = entries[max(0, len(request.prompt_logprobs) - start):]
+            if new:
+                request.prompt_logprobs.extend(new)
+                prompt_logprobs[rid] = new
+        updated = self.scheduler.update_from_output(scheduler_output, result)
         outputs = {}
         for request in updated:
             rid = request.request_id
             logprobs = result.logprobs.get(rid)
             outputs[rid] = EngineCoreOutput(
                 rid, [request.output_token_ids[-1]], [logprobs] if logprobs else None,
-                result.prompt_logprobs.get(rid), _finish_reason(request), _stop_reason(request),
+                prompt_logprobs.get(rid), _finish_reason(request), _stop_reason(request),
                 request.num_cached_tokens)
-        for rid, entries in result.prompt_logprobs.items():
+        for rid, entries in prompt_logprobs.items():
             if rid not in outputs:
                 outputs[rid] = EngineCoreOutput(rid, [], new_prompt_logprobs=entries)
         return list(outputs.values())
+
+    def shutdown(self) -> None:
+        self.executor.shutdown()
 
 
 def _finish_reason(request: Request) -> str | None:

@@ -21,8 +21,8 @@ from typing import Any
 import zmq
 
 from wick.config import EngineArgs
-from wick.engine.core import EngineCoreOutput, EngineCoreRequest
 from wick.engine.core_process import decode_output, encode_request, pack, run_engine_core, unpack
+from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
 
 logger = logging.getLogger(__name__)
 

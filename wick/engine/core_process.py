@@ -26,7 +26,8 @@ import msgpack
 import zmq
 
 from wick.config import EngineArgs
-from wick.engine.core import EngineCore, EngineCoreOutput, EngineCoreRequest
+from wick.engine.core import EngineCore
+from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
 from wick.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -91,13 +92,14 @@ def run_engine_core(engine_args: EngineArgs, input_address: str, output_address:
     outbox.connect(output_address)
     exit_code = 0
     started = False
+    core = None
     try:
         core = EngineCore(engine_args.create_engine_config())
         outbox.send(pack(["ready", {
             "max_model_len": core.config.max_model_len,
             "num_kv_blocks": core.kv_cache_manager.num_blocks,
             "block_size": core.kv_cache_manager.block_size,
-            "vocab_size": core.runner.vocab_size,
+            "vocab_size": core.vocab_size,
         }]))
         started = True
         _serve(core, inbox, outbox, parent_pid)
@@ -108,6 +110,8 @@ def run_engine_core(engine_args: EngineArgs, input_address: str, output_address:
         outbox.send(pack(["fatal", f"{type(e).__name__}: {e}"]))
         exit_code = 1
     finally:
+        if core is not None:
+            core.shutdown()
         # Linger so that a last fatal message still leaves before the sockets close.
         inbox.close(linger=0)
         outbox.close(linger=2000)

@@ -7,12 +7,11 @@ from dataclasses import dataclass, field
 
 from transformers import PreTrainedTokenizerBase
 
-from wick.engine.core import EngineCoreOutput
+from wick.engine.protocol import EngineCoreOutput, TokenLogprobs
 from wick.engine.stop_strings import StopStringMatcher
 from wick.outputs import CompletionOutput, Logprob, PositionLogprobs, RequestOutput
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.detokenizer import IncrementalDetokenizer
-from wick.worker.model_runner import TokenLogprobs
 
 
 @dataclass

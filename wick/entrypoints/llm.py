@@ -10,8 +10,9 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from wick.config import EngineArgs
-from wick.engine.core import EngineCore, EngineCoreRequest
+from wick.engine.core import EngineCore
 from wick.engine.output_processor import OutputProcessor, child_seed
+from wick.engine.protocol import EngineCoreRequest
 from wick.outputs import RequestOutput
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.chat_template import apply_chat_template

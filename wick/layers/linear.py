@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wick.worker.distributed import tp_all_reduce, tp_rank, tp_world_size
+from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 
 
 def divide(numerator: int, denominator: int) -> int:

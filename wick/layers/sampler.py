@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from wick.engine.request import Request
 from wick.sampling_params import _GREEDY_EPS
 
 _M32 = 0xFFFF_FFFF
@@ -69,105 +68,6 @@ class SamplingMetadata:
     # the int32 word t // 32 for token t); rows not listed are unconstrained.
     grammar_rows: torch.Tensor | None = None  # [G] int64
     grammar_bitmask: torch.Tensor | None = None  # [G, ceil(V / 32)] int32
-
-    @classmethod
-    def from_requests(cls, requests: list[Request], vocab_size: int, device: torch.device,
-                      grammar: tuple[list[int], torch.Tensor] | None = None) -> SamplingMetadata:
-        """`grammar`: the constrained rows and their bitmask on the CPU (pinned, when the device is a GPU)."""
-        params = [req.sampling_params for req in requests]
-        random_params = [sp for sp in params if not sp.greedy]
-        use_repetition = any(sp.repetition_penalty != 1.0 for sp in params)
-        use_penalties = use_repetition or any(
-            sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0 for sp in params)
-
-        bias_rows: list[int] = []
-        bias_ids: list[int] = []
-        bias_values: list[float] = []
-        suppress_rows: list[int] = []
-        suppress_ids: list[int] = []
-        for row, (req, sp) in enumerate(zip(requests, params, strict=True)):
-            for token_id, bias in (sp.logit_bias or {}).items():
-                if not 0 <= int(token_id) < vocab_size:
-                    raise ValueError(f"logit_bias token {token_id} is outside the vocabulary "
-                                     f"(size {vocab_size}) of request {req.request_id}")
-                bias_rows.append(row)
-                bias_ids.append(int(token_id))
-                bias_values.append(float(bias))
-            if req.num_output_tokens < sp.min_tokens:
-                blocked = set(sp.stop_token_ids or [])
-                if not sp.ignore_eos:
-                    blocked.update(sp.eos_token_ids)
-                # A stop id outside the vocabulary can never be sampled, so it needs no blocking.
-                blocked_ids = sorted(t for t in blocked if t < vocab_size)
-                suppress_rows.extend([row] * len(blocked_ids))
-                suppress_ids.extend(blocked_ids)
-
-        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device)
-
-        output_counts = prompt_mask = None
-        if use_penalties:
-            output_counts = _token_table(
-                [req.output_token_ids for req in requests], vocab_size, torch.float32, device)
-        if use_repetition:
-            prompt_mask = _token_table(
-                [req.prompt_token_ids for req in requests], vocab_size, torch.bool, device)
-        asked = [sp.logprobs for sp in params if sp.logprobs is not None]
-        # Two host-to-device copies for the per-row settings instead of one blocking copy each.
-        pinned = device.type == "cuda"
-        floats = torch.tensor([[sp.temperature for sp in params], [sp.top_p for sp in params],
-                               [sp.min_p for sp in params], [sp.presence_penalty for sp in params],
-                               [sp.frequency_penalty for sp in params], [sp.repetition_penalty for sp in params]],
-                              dtype=torch.float32, pin_memory=pinned).to(device, non_blocking=True)
-        ints = torch.tensor([[sp.top_k for sp in params], [_fold_int64(req.seed) for req in requests],
-                             [req.num_output_tokens for req in requests]],
-                            dtype=torch.int64, pin_memory=pinned).to(device, non_blocking=True)
-        return cls(
-            temperature=floats[0],
-            top_p=floats[1],
-            top_k=ints[0],
-            min_p=floats[2],
-            presence_penalty=floats[3],
-            frequency_penalty=floats[4],
-            repetition_penalty=floats[5],
-            seeds=ints[1],
-            steps=ints[2],
-            output_counts=output_counts,
-            prompt_mask=prompt_mask,
-            bias_rows=tensor(bias_rows, torch.int64) if bias_rows else None,
-            bias_token_ids=tensor(bias_ids, torch.int64) if bias_rows else None,
-            bias_values=tensor(bias_values, torch.float32) if bias_rows else None,
-            suppress_rows=tensor(suppress_rows, torch.int64) if suppress_rows else None,
-            suppress_token_ids=tensor(suppress_ids, torch.int64) if suppress_rows else None,
-            max_num_logprobs=max(asked) if asked else None,
-            all_greedy=not random_params,
-            all_random=len(random_params) == len(params),
-            no_top_k=all(sp.top_k == 0 for sp in random_params),
-            no_top_p=all(sp.top_p >= 1.0 for sp in random_params),
-            no_min_p=all(sp.min_p == 0.0 for sp in random_params),
-            grammar_rows=tensor(grammar[0], torch.int64) if grammar else None,
-            grammar_bitmask=grammar[1].to(device, non_blocking=True) if grammar else None,
-        )
-
-
-def _fold_int64(seed: int) -> int:
-    """Any integer to the int64 with the same low 64 bits."""
-    return (seed + 2**63) % 2**64 - 2**63
-
-
-def _token_table(token_lists: list[list[int]], vocab_size: int, dtype: torch.dtype,
-                 device: torch.device) -> torch.Tensor:
-    """[B, V] table: counts of each token per row (float) or its presence (bool)."""
-    rows = [row for row, tokens in enumerate(token_lists) for _ in tokens]
-    cols = [token for tokens in token_lists for token in tokens]
-    rows_t = torch.tensor(rows, dtype=torch.int64, device=device)
-    cols_t = torch.tensor(cols, dtype=torch.int64, device=device)
-    if dtype == torch.bool:
-        table = torch.zeros(len(token_lists), vocab_size, dtype=torch.bool, device=device)
-        return table.index_put_((rows_t, cols_t), torch.tensor(True, device=device))
-    table = torch.zeros(len(token_lists), vocab_size, dtype=dtype, device=device)
-    return table.index_put_((rows_t, cols_t), torch.ones(len(cols), dtype=dtype, device=device),
-                            accumulate=True)
 
 
 def apply_token_bitmask(logits: torch.Tensor, rows: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

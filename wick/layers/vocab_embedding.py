@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wick.worker.distributed import tp_all_gather_last_dim, tp_all_reduce, tp_rank, tp_world_size
+from wick.distributed.communication import tp_all_gather_last_dim, tp_all_reduce, tp_rank, tp_world_size
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -17,9 +17,9 @@ from wick.loader.safetensors_loader import count_safetensors_tensors, iter_safet
 _MISSING_SHOWN = 20
 
 
-def load_weights(model: nn.Module, source: ModelSource, seed: int = 0) -> None:
+def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_progress: bool = True) -> None:
     """Load `source`'s weights through `model.load_weights` ((HF name, tensor) pairs in, the set of
-    loaded parameter names out), with a progress bar on stderr; ValueError if any parameter stays
+    loaded parameter names out), with a progress bar on stderr if `show_progress`; ValueError if any parameter stays
     unloaded. A dummy source gets random weights from `seed` instead."""
     if source.kind == "dummy":
         initialize_dummy_weights(model, seed=seed)
@@ -30,7 +30,7 @@ def load_weights(model: nn.Module, source: ModelSource, seed: int = 0) -> None:
         weights, total = iter_gguf_weights(source.gguf_file), _gguf_tensor_count(source.gguf_file)
     with torch.no_grad():
         loaded = model.load_weights(tqdm(weights, total=total, desc="Loading weights", unit="tensor",
-                                         file=sys.stderr))
+                                         file=sys.stderr, disable=not show_progress))
     missing = sorted({name for name, _ in model.named_parameters()} - set(loaded))
     if missing:
         shown = ", ".join(missing[:_MISSING_SHOWN])

@@ -3,43 +3,49 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from wick.config import CPU_KV_CACHE_BYTES, EngineConfig
-from wick.core.scheduler import SchedulerOutput
-from wick.core.structured_output import StructuredOutputManager
-from wick.engine.request import Request
+from wick.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
+from wick.distributed.communication import tp_broadcast
+from wick.engine.protocol import TokenLogprobs
 from wick.layers.attention.layer import Attention
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
 from wick.layers.attention.selector import get_attention_backend
-from wick.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata, compute_prompt_logprobs
+from wick.layers.sampler import LogprobsTensors, Sampler, compute_prompt_logprobs
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
 from wick.worker.cuda_graph import DecodeGraphs
+from wick.worker.input_batch import InputBatch, ScheduledState, build_sampling_metadata
 
 logger = logging.getLogger(__name__)
 
-# (token ids, logprobs, rank of the first id): the chosen token first, then the top-N alternatives.
-TokenLogprobs = tuple[list[int], list[float], int]
-
 
 @dataclass
-class ModelRunnerOutput:
-    sampled_token_ids: dict[str, int] = field(default_factory=dict)
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # Prompt logprobs computed this step, per request: one entry per prompt position predicted.
-    prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+class _ForwardResult:
+    """What execute_model leaves for sample_tokens: the rows that sample and their logits."""
+
+    samplers: list[ScheduledState]
+    logits: torch.Tensor | None
+    prompt_logprobs: dict[str, LogprobsTensors]
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig) -> None:
+    """Keeps the worker's copy of the running requests (updated from the step contract), runs the
+    model and samples. A step is two calls: execute_model launches the forward and the LM head;
+    sample_tokens takes the grammar masks the engine core filled meanwhile and samples."""
+
+    def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
         self.device = config.device
         self.block_size = config.block_size
+        self.show_progress = show_progress
         self.model = self._load_model()
+        self.input_batch = InputBatch()
+        self._forward: _ForwardResult | None = None
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.backend = get_attention_backend(config.args.attention_backend, self.device)
         self.sampler = Sampler()
@@ -57,7 +63,7 @@ class ModelRunner:
                 model = model_cls(cfg.hf_config)
         finally:
             torch.set_default_dtype(previous)
-        load_weights(model, cfg.source, seed=cfg.args.seed)
+        load_weights(model, cfg.source, seed=cfg.args.seed, show_progress=self.show_progress)
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
@@ -128,11 +134,12 @@ class ModelRunner:
         self.decode_graphs.capture()
 
     @torch.inference_mode()
-    def execute_model(self, scheduler_output: SchedulerOutput,
-                      structured_output: StructuredOutputManager | None = None) -> ModelRunnerOutput:
-        scheduled = scheduler_output.scheduled
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Applies the step contract and launches the forward (asynchronous on a GPU)."""
+        scheduled = self.input_batch.update(scheduler_output)
+        self._forward = None
         if not scheduled:
-            return ModelRunnerOutput()
+            return
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -140,14 +147,14 @@ class ModelRunner:
         seq_lens: list[int] = []
         bs = self.block_size
         for item in scheduled:
-            req, start, n = item.request, item.start, item.num_new_tokens
-            input_ids.extend(req.all_token_ids[start:start + n])
+            state, start, n = item.state, item.start, item.num_new_tokens
+            input_ids.extend(state.token_ids[start:start + n])
             positions.extend(range(start, start + n))
-            slots.extend(req.block_ids[p // bs] * bs + p % bs for p in range(start, start + n))
+            slots.extend(state.block_ids[p // bs] * bs + p % bs for p in range(start, start + n))
             query_start.append(query_start[-1] + n)
             seq_lens.append(start + n)
-        max_blocks = max(len(item.request.block_ids) for item in scheduled)
-        tables = [item.request.block_ids + [0] * (max_blocks - len(item.request.block_ids)) for item in scheduled]
+        max_blocks = max(len(item.state.block_ids) for item in scheduled)
+        tables = [item.state.block_ids + [0] * (max_blocks - len(item.state.block_ids)) for item in scheduled]
 
         to_device = self._to_device
         metadata = AttentionMetadata(
@@ -166,48 +173,57 @@ class ModelRunner:
             with set_forward_context(metadata, self.backend):
                 hidden = self.model(to_device(input_ids, torch.long), to_device(positions, torch.long))
 
-        output = ModelRunnerOutput()
-        samplers = [(i, item.request) for i, item in enumerate(scheduled) if item.samples]
+        samplers = [item for item in scheduled if item.samples]
+        logits = None
         if samplers:
-            rows = to_device([query_start[i + 1] - 1 for i, _ in samplers], torch.long)
+            rows = to_device([query_start[i + 1] - 1 for i, item in enumerate(scheduled) if item.samples],
+                             torch.long)
             logits = self.model.compute_logits(hidden[rows]).float()
-            requests = [req for _, req in samplers]
-            # On a GPU the forward above is still running: the grammar masks fill on the CPU meanwhile.
-            grammar = structured_output.fill_bitmask(requests) if structured_output is not None else None
-            sampling_metadata = SamplingMetadata.from_requests(
-                requests, self.vocab_size, self.device,
-                (grammar.rows, grammar.bitmask) if grammar is not None else None)
-            result = self.sampler(logits, sampling_metadata)
-            token_ids = result.sampled_token_ids.tolist()
-            output.sampled_token_ids = {req.request_id: t for req, t in zip(requests, token_ids, strict=True)}
+        prompt_logprobs = {}
+        for i, item in enumerate(scheduled):
+            lps = self._prompt_logprobs(item, hidden, query_start[i])
+            if lps is not None:
+                prompt_logprobs[item.state.req_id] = lps
+        self._forward = _ForwardResult(samplers, logits, prompt_logprobs)
+
+    @torch.inference_mode()
+    def sample_tokens(self, grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:
+        """Samples the step launched by execute_model; every tensor-parallel rank gets rank 0's tokens."""
+        forward, self._forward = self._forward, None
+        output = ModelRunnerOutput()
+        if forward is None:
+            return output
+        states = [item.state for item in forward.samplers]
+        if states:
+            metadata = build_sampling_metadata(states, self.vocab_size, self.device, grammar)
+            result = self.sampler(forward.logits, metadata)
+            token_ids = tp_broadcast(result.sampled_token_ids).tolist()
+            for state, token in zip(states, token_ids, strict=True):
+                state.token_ids.append(token)
+            output.req_ids = [state.req_id for state in states]
+            output.sampled_token_ids = token_ids
             if result.logprobs is not None:
                 per_row = _rows(result.logprobs)
-                for row, req in enumerate(requests):
-                    k = req.sampling_params.logprobs
+                for row, state in enumerate(states):
+                    k = state.sampling_params.logprobs
                     if k is not None:
                         ids, lps, rank = per_row[row]
-                        output.logprobs[req.request_id] = (ids[: k + 1], lps[: k + 1], rank)
-        for i, item in enumerate(scheduled):
-            lps = self._prompt_logprobs(item.request, item.start, item.num_new_tokens, hidden, query_start[i])
-            if lps:
-                output.prompt_logprobs[item.request.request_id] = lps
+                        output.logprobs[state.req_id] = (ids[: k + 1], lps[: k + 1], rank)
+        output.prompt_logprobs = {rid: _rows(t) for rid, t in forward.prompt_logprobs.items()}
         return output
 
-    def _prompt_logprobs(self, req: Request, start: int, n: int, hidden: torch.Tensor,
-                         offset: int) -> list[TokenLogprobs]:
-        """Logprobs of prompt tokens 1..P-1 predicted by positions 0..P-2 inside this chunk."""
-        k = req.sampling_params.prompt_logprobs
+    def _prompt_logprobs(self, item: ScheduledState, hidden: torch.Tensor, offset: int) -> LogprobsTensors | None:
+        """Logprobs of the prompt tokens that positions start .. of this chunk predict (1 .. P-1 in all)."""
+        state = item.state
+        k = state.sampling_params.prompt_logprobs
         if k is None:
-            return []
-        # After preemption the prompt is computed again: skip positions already reported.
-        first = max(start, len(req.prompt_logprobs))
-        last = min(start + n, req.num_prompt_tokens - 1)
+            return None
+        first, last = item.start, min(item.start + item.num_new_tokens, state.num_prompt_tokens - 1)
         if first >= last:
-            return []
-        rows = hidden[offset + first - start: offset + last - start]
-        logits = self.model.compute_logits(rows).float()
-        targets = self._to_device(req.prompt_token_ids[first + 1:last + 1], torch.long)
-        return _rows(compute_prompt_logprobs(logits, targets, k))
+            return None
+        logits = self.model.compute_logits(hidden[offset:offset + last - first]).float()
+        targets = self._to_device(state.prompt_token_ids[first + 1:last + 1], torch.long)
+        return compute_prompt_logprobs(logits, targets, k)
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         tensor = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")

@@ -1,4 +1,4 @@
-"""Tensor-parallel process group: one process per rank, NCCL on GPU and gloo on CPU."""
+"""The collectives the layers and the sampler use over the tensor-parallel group (one process per rank)."""
 
 from __future__ import annotations
 
@@ -27,3 +27,10 @@ def tp_all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(size)]
     dist.all_gather(parts, x.contiguous())
     return torch.cat(parts, dim=-1)
+
+
+def tp_broadcast(x: torch.Tensor) -> torch.Tensor:
+    """Every rank gets rank 0's `x` (in place)."""
+    if tp_world_size() > 1:
+        dist.broadcast(x, src=0)
+    return x

@@ -1,0 +1,37 @@
+"""What the engine core asks of its workers, whatever runs them."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from wick.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
+from wick.worker.worker import Worker
+
+
+class Executor(ABC):
+    worker: Worker | None  # rank 0, in this process
+
+    @abstractmethod
+    def collective_rpc(self, method: str, *args: Any) -> Any:
+        """Calls `method` of every rank's Worker with `args`; returns rank 0's result."""
+
+    def determine_num_blocks(self) -> int:
+        return self.collective_rpc("determine_num_blocks")
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        self.collective_rpc("initialize_kv_cache", num_blocks)
+
+    def capture_cuda_graphs(self) -> None:
+        self.collective_rpc("capture_cuda_graphs")
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> None:
+        """Launches the step on every rank; sample_tokens finishes it."""
+        self.collective_rpc("execute_model", scheduler_output)
+
+    def sample_tokens(self, grammar: GrammarBitmask | None) -> ModelRunnerOutput:
+        return self.collective_rpc("sample_tokens", grammar)
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stops every worker; safe to call more than once."""
