@@ -45,11 +45,13 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compare-hf", action="store_true")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     args = parser.parse_args()
     print_environment()
 
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 16,
-              max_num_seqs=16, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager)
+              max_num_seqs=16, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+              tensor_parallel_size=args.tensor_parallel_size)
     vocab = llm.config.hf_config.vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, args.input_len).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
@@ -69,9 +71,12 @@ def main() -> None:
     mean_context = args.input_len + args.output_len / 2
     step_bytes = weight_bytes(model) + kv_bytes_per_token(model) * mean_context
     roof = bandwidth / step_bytes
-    print(f"wick: {args.output_len} tokens after a {args.input_len}-token prompt in {elapsed:.3f} s "
+    print(f"wick (TP={args.tensor_parallel_size}): {args.output_len} tokens after a {args.input_len}-token prompt "
+          f"in {elapsed:.3f} s "
           f"(median of {args.repeats}) = {rate:,.0f} tokens/s, including the prefill")
-    print(f"roofline: {step_bytes / 1e9:.2f} GB per step at {bandwidth / 1e12:.2f} TB/s -> {roof:,.0f} tokens/s; "
+    # With tensor parallelism each GPU reads its own shard (rank 0's model) at its own bandwidth.
+    print(f"roofline: {step_bytes / 1e9:.2f} GB per step and GPU at {bandwidth / 1e12:.2f} TB/s -> "
+          f"{roof:,.0f} tokens/s; "
           f"reached {rate / roof:.0%}")
     if args.compare_hf:
         del llm

@@ -76,12 +76,14 @@ def main() -> None:
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--compare-hf", action="store_true")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     args = parser.parse_args()
     print_environment()
 
     llm = LLM(args.model, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, seed=args.seed)
+              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, seed=args.seed,
+              tensor_parallel_size=args.tensor_parallel_size)
     vocab = llm.config.hf_config.vocab_size
     prompts, output_lens = workload(args.num_requests, args.min_len, args.max_len, vocab, args.seed)
     params = [SamplingParams(temperature=args.temperature, max_tokens=o, ignore_eos=True, seed=i)
@@ -98,7 +100,8 @@ def main() -> None:
     throughput = generated / elapsed
     bandwidth = copy_bandwidth()
     bound = roofline_seconds(llm, prompts, output_lens, bandwidth)
-    print(f"wick: {args.num_requests} requests, {generated} output tokens in {elapsed:.2f} s = "
+    print(f"wick (TP={args.tensor_parallel_size}): {args.num_requests} requests, {generated} output tokens "
+          f"in {elapsed:.2f} s = "
           f"{throughput:,.0f} output tokens/s")
     print(f"roofline: copy bandwidth {bandwidth / 1e12:.2f} TB/s, bytes that must move -> {bound:.2f} s = "
           f"{generated / bound:,.0f} tokens/s; reached {bound / elapsed:.0%}")

@@ -82,3 +82,24 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) 
     LlamaForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return str(folder)
+
+
+@pytest.fixture(scope="session")
+def small_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random Llama with a word-level tokenizer of 512 words of its own (no model files needed on a GPU
+    machine)."""
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = 512
+    folder = tmp_path_factory.mktemp("small-llama")
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1", unk_token="t0").save_pretrained(folder)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
+                         initializer_range=0.3, eos_token_id=1, bos_token_id=0)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return str(folder)

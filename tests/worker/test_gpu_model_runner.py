@@ -10,31 +10,14 @@ import torch
 
 from wick import LLM, SamplingParams
 
+SMALL_VOCAB = 512  # the vocabulary of the small_model_dir fixture
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-VOCAB = 512
-
-
-@pytest.fixture(scope="module")
-def small_model_dir(tmp_path_factory) -> str:
-    """A random Llama with a word-level tokenizer of its own (no model files needed on the GPU machine)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("small-llama")
-    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1", unk_token="t0").save_pretrained(folder)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                         num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=1024,
-                         initializer_range=0.3, eos_token_id=1, bos_token_id=0)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return str(folder)
 
 
 def _prompts() -> list[list[int]]:
     rng = random.Random(0)
-    return [[rng.randrange(2, VOCAB) for _ in range(n)] for n in (5, 17, 33, 64, 100, 3, 48, 9)]
+    return [[rng.randrange(2, SMALL_VOCAB) for _ in range(n)] for n in (5, 17, 33, 64, 100, 3, 48, 9)]
 
 
 def _gpu_llm(folder: str, dtype: str, enforce_eager: bool) -> LLM:

@@ -87,6 +87,11 @@ class StructuredOutputManager:
         request.structured_output = RequestGrammar(
             xgr.GrammarMatcher(self._compiled(spec), override_stop_tokens=stop_ids), spec.after_token_id)
 
+    @staticmethod
+    def any_active(requests: list[Request]) -> bool:
+        """Whether a grammar holds the next token of any of `requests`."""
+        return any(r.structured_output is not None and r.structured_output.active for r in requests)
+
     def fill_bitmask(self, requests: list[Request]) -> GrammarBitmask | None:
         """The masks of the constrained requests among `requests` (those that sample this step), in a
         buffer reused every step; None when none is constrained (yet)."""

@@ -28,7 +28,12 @@ def control_group() -> dist.ProcessGroup:
 
 
 def destroy_distributed() -> None:
+    """Leaves the groups, so that this process may join new ones. NCCL's orderly destroy can wait on
+    the other ranks (here already gone or going), so NCCL groups are aborted instead."""
     global _control_group
     if dist.is_initialized():
-        dist.destroy_process_group()
+        if dist.get_backend() == "nccl":
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
     _control_group = None

@@ -57,12 +57,15 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.num_scheduled_tokens:
             return []
-        self.executor.execute_model(scheduler_output)
-        # On a GPU the forward is running now: the grammar masks fill on the CPU meanwhile.
         requests = self.scheduler.requests
         samplers = [requests[rid] for rid in scheduler_output.num_scheduled_tokens
                     if requests[rid].num_computed_tokens == requests[rid].num_tokens]
-        result = self.executor.sample_tokens(self.structured_output.fill_bitmask(samplers))
+        if self.structured_output.any_active(samplers):
+            self.executor.execute_model(scheduler_output)
+            # On a GPU the forward is running now: the grammar masks fill on the CPU meanwhile.
+            result = self.executor.sample_tokens(self.structured_output.fill_bitmask(samplers))
+        else:
+            result = self.executor.execute_and_sample(scheduler_output)
         prompt_logprobs = {}
         for rid, entries in result.prompt_logprobs.items():
             request = requests[rid]

@@ -55,6 +55,11 @@ class Worker:
     def sample_tokens(self, grammar: GrammarBitmask | None) -> ModelRunnerOutput:
         return self.runner.sample_tokens(grammar)
 
+    def execute_and_sample(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """A step without grammar masks, in one call."""
+        self.runner.execute_model(scheduler_output)
+        return self.runner.sample_tokens(None)
+
     def shutdown(self) -> None:
         if self.world_size > 1:
             destroy_distributed()
