@@ -65,7 +65,7 @@ class ServingCompletion(OpenAIServing):
 
     def _encode(self, prompt: str | list[int]) -> _Prompt:
         if isinstance(prompt, str):
-            return _Prompt(prompt, self.tokenizer.encode(prompt))
+            return _Prompt(prompt, self.encode(prompt, "prompt"))
         self.check_token_ids(prompt, "prompt")
         return _Prompt(self.tokenizer.decode(prompt), prompt)
 
