@@ -21,7 +21,10 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": WEATHER}}]
 ANSWER = {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no"]}},
           "required": ["answer"]}
+HELLO = [{"role": "user", "content": "hi"}]
 BAD_KINDS = ("json", "model", "field", "context", "too_large", "content_type", "key")
+# Greedy unless a request needs sampling (n=2): on a CPU, random sampling over the vocabulary is most of a step.
+GREEDY = {"temperature": 0}
 TOPICS = ["the sea", "a cat", "Paris", "prime numbers", "rain", "a red bicycle", "tea", "the moon"]
 
 
@@ -54,11 +57,11 @@ class Traffic:
         return [await self._stream("chat_stream", CHAT, body)]
 
     async def completion(self, rng: random.Random) -> list[Outcome]:
-        body = {"prompt": f"A short note about {rng.choice(TOPICS)}:", "max_tokens": rng.randint(4, 16)}
+        body = {"prompt": f"A short note about {rng.choice(TOPICS)}:", "max_tokens": rng.randint(4, 16), **GREEDY}
         return [await self._json("completion", COMPLETIONS, body, lambda b: isinstance(b["choices"][0]["text"], str))]
 
     async def completion_stream(self, rng: random.Random) -> list[Outcome]:
-        body = {"prompt": f"Once, {rng.choice(TOPICS)}", "max_tokens": rng.randint(4, 16), "stream": True}
+        body = {"prompt": f"Once, {rng.choice(TOPICS)}", "max_tokens": rng.randint(4, 16), "stream": True, **GREEDY}
         return [await self._stream("completion_stream", COMPLETIONS, body)]
 
     async def n2(self, rng: random.Random) -> list[Outcome]:
@@ -67,7 +70,8 @@ class Traffic:
 
     async def logprobs(self, rng: random.Random) -> list[Outcome]:
         chat = {**self._chat_body(rng), "logprobs": True, "top_logprobs": 3}
-        legacy = {"prompt": f"About {rng.choice(TOPICS)}", "max_tokens": 6, "logprobs": 2, "echo": rng.random() < 0.5}
+        legacy = {"prompt": f"About {rng.choice(TOPICS)}", "max_tokens": 6, "logprobs": 2, "echo": rng.random() < 0.5,
+                  **GREEDY}
         return [await self._json("logprobs", CHAT, chat, lambda b: len(b["choices"][0]["logprobs"]["content"]) > 0),
                 await self._json("logprobs", COMPLETIONS, legacy,
                                  lambda b: len(b["choices"][0]["logprobs"]["tokens"]) > 0)]
@@ -75,7 +79,7 @@ class Traffic:
     async def tool_call(self, rng: random.Random) -> list[Outcome]:
         choice = rng.choice(["required", {"type": "function", "function": {"name": "get_weather"}}])
         body = {"messages": [{"role": "user", "content": f"What's the weather in {rng.choice(['Paris', 'Oslo'])}?"}],
-                "tools": TOOLS, "tool_choice": choice, "max_tokens": 48}
+                "tools": TOOLS, "tool_choice": choice, "max_tokens": 48, **GREEDY}
 
         def valid(b: dict) -> bool:
             if b["choices"][0]["finish_reason"] == "length":
@@ -88,7 +92,7 @@ class Traffic:
     async def structured(self, rng: random.Random) -> list[Outcome]:
         body = {"messages": [{"role": "user", "content": f"Is {rng.choice(TOPICS)} blue? Answer in JSON."}],
                 "max_tokens": 24, "response_format": {"type": "json_schema", "json_schema": {
-                    "name": "answer", "schema": ANSWER}}}
+                    "name": "answer", "schema": ANSWER}}, **GREEDY}
 
         def valid(b: dict) -> bool:
             choice = b["choices"][0]
@@ -99,7 +103,7 @@ class Traffic:
 
     async def stop(self, rng: random.Random) -> list[Outcome]:
         stop = rng.choice([".", " the", "\n"])
-        body = {"prompt": f"Write about {rng.choice(TOPICS)}.", "max_tokens": 24, "stop": [stop]}
+        body = {"prompt": f"Write about {rng.choice(TOPICS)}.", "max_tokens": 24, "stop": [stop], **GREEDY}
         return [await self._json("stop", COMPLETIONS, body, lambda b: stop not in b["choices"][0]["text"])]
 
     async def disconnect(self, rng: random.Random) -> list[Outcome]:
@@ -130,9 +134,9 @@ class Traffic:
         if kind == "json":
             content = b'{"messages": [{"role": "user", "content": "hi"}'
         elif kind == "model":
-            body, expected = {"model": "no-such-model", "prompt": "hi", "messages": []}, {404}
+            body, expected = {"model": "no-such-model", "prompt": "hi", "messages": HELLO}, {404}
         elif kind == "field":
-            body = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -3}
+            body = {"prompt": "hi", "messages": HELLO, "max_tokens": -3}
         elif kind == "context":  # more text than the context could hold in any tokens
             body = {"prompt": "x " * (self.max_model_len * 100), "messages": [
                 {"role": "user", "content": "x " * (self.max_model_len * 100)}]}
@@ -161,7 +165,8 @@ class Traffic:
         """`size` small requests at once, past the queue bound: each gets 200 or 429."""
         async def one(i: int) -> Outcome:
             try:
-                response = await self.client.post(COMPLETIONS, json={"prompt": f"Burst {i}", "max_tokens": 2})
+                response = await self.client.post(COMPLETIONS, json={"prompt": f"Burst {i}", "max_tokens": 2,
+                                                                     **GREEDY})
             except httpx.HTTPError as e:
                 return Outcome("burst", 0, f"{type(e).__name__}: {e}")
             if response.status_code == 429 and not response.headers.get("retry-after", "").isdigit():
@@ -172,7 +177,7 @@ class Traffic:
 
     def _chat_body(self, rng: random.Random) -> dict:
         return {"messages": [{"role": "user", "content": f"Say something about {rng.choice(TOPICS)}."}],
-                "max_tokens": rng.randint(4, 16)}
+                "max_tokens": rng.randint(4, 16), **GREEDY}
 
     async def _json(self, scenario: str, path: str, body: dict, valid: Callable[[dict], bool]) -> Outcome:
         try:
