@@ -1,7 +1,7 @@
 """Soak: the real server on the default model under mixed traffic for a fixed time, then idle; checks that
 nothing leaks.
 
-Traffic (soak_traffic.py): plain and streamed chat and completions, n=2, logprobs, forced tool calls,
+Traffic (soak_traffic.py, greedy): plain and streamed chat and completions, n=2, logprobs, forced tool calls,
 structured output, stop strings, clients that leave mid-stream, bad requests of every kind, and bursts
 of several times the queue bound. A warm-up runs every kind a few times first; the server's resident
 memory and open file descriptors (API process and engine core) are read after it and again after the
