@@ -151,6 +151,25 @@ def test_abort_ends_the_stream(engine):
     assert asyncio.run(_wait_until_idle(engine))["kv_cache_usage"] == 0.0
 
 
+def test_abort_all_ends_every_stream_and_counts_requests_generating(engine):
+    started = engine.num_started
+
+    async def run() -> tuple[list[list[RequestOutput]], int, int]:
+        streams = [engine.generate(f"all-{i}", None, [1, 2, 3 + i], ENDLESS) for i in range(3)]
+        outputs = [[await anext(stream)] for stream in streams]
+        generating = engine.num_generating
+        stopped = engine.abort_all()
+        for stream, seen in zip(streams, outputs, strict=True):
+            seen.extend([out async for out in stream])
+        return outputs, generating, stopped
+
+    outputs, generating, stopped = asyncio.run(run())
+    assert generating == 3 and stopped == 3
+    assert all(not seen[-1].finished for seen in outputs)
+    assert engine.num_generating == 0 and engine.num_started == started + 3
+    assert asyncio.run(_wait_until_idle(engine))["kv_cache_usage"] == 0.0
+
+
 def test_killed_core_fails_in_flight_and_new_requests():
     engine = AsyncEngine.from_engine_args(EngineArgs(**ARGS))
     pid = engine.client.process.pid

@@ -1,7 +1,8 @@
 """`wick serve`: the OpenAI-compatible HTTP server.
 
-Exit codes: 0 after Ctrl-C / SIGTERM, 1 when the engine core failed to start or died while serving,
-2 for bad flags, a missing model or a port that cannot be had."""
+Exit codes: 0 after Ctrl-C / SIGTERM (once the running requests are done or stopped), 1 when the engine
+core failed to start or died while serving, 2 for bad flags, a missing model or a port that cannot be
+had, 128 + the signal's number when a second signal cut the drain short."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import sys
 
 from wick.cli.engine_flags import add_engine_flags, engine_args_from
 from wick.config import EngineArgs
+from wick.entrypoints.openai.load_limits import LoadLimits
 from wick.tools.registry import REASONING_PARSERS, TOOL_PARSERS
 
 
@@ -33,7 +35,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="the model's tool-call format (default: the one its chat template implies, if any)")
     parser.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
                         help="split <think> reasoning into reasoning_content")
+    add_load_flags(parser)
     parser.set_defaults(run=run)
+
+
+def add_load_flags(parser: argparse.ArgumentParser) -> None:
+    """How much the server takes on (limits, admission, drain): LoadLimits."""
+    defaults = LoadLimits()
+    parser.add_argument("--max-request-body-bytes", type=int, default=defaults.max_body_bytes, metavar="BYTES",
+                        help="larger bodies get 413, refused while reading (default: %(default)s)")
+    parser.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests, metavar="N",
+                        help="generation requests that may wait for their first token; more get 429 with "
+                             "Retry-After (default: %(default)s)")
+    parser.add_argument("--shutdown-timeout", type=float, default=defaults.shutdown_timeout,
+                        metavar="SECONDS",
+                        help="on SIGTERM / Ctrl-C, how long running requests may take before they are stopped "
+                             "(default: %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    limits = LoadLimits(args.max_request_body_bytes, args.max_queued_requests, args.shutdown_timeout)
     engine_args = engine_args_from(args)
     if engine_args.node_rank > 0 or _worker_rank_under_torchrun() > 0 or os.environ.get("SLURM_NODEID", "0") != "0":
         return _serve_workers(engine_args)
@@ -59,15 +77,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"wick serve: error: {e}", file=sys.stderr)
             return 1
         try:
-            died = asyncio.run(serve(engine, sock, served_model_names=args.served_model_name, api_key=args.api_key,
+            return asyncio.run(serve(engine, sock, served_model_names=args.served_model_name, api_key=args.api_key,
                                      chat_template=_chat_template(args.chat_template), webui=args.ui,
                                      mcp_servers=mcp_servers, tool_call_parser=args.tool_call_parser,
-                                     reasoning_parser=args.reasoning_parser))
+                                     reasoning_parser=args.reasoning_parser, limits=limits))
         finally:
             engine.shutdown()
     finally:
         sock.close()
-    return 1 if died else 0
 
 
 def _chat_template(value: str | None) -> str | None:

@@ -88,6 +88,8 @@ class AsyncEngine:
             "prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0}
         self._prompt_tokens = 0
         self._generation_tokens = 0
+        self._num_generating = 0  # requests that have their first token and are not finished
+        self._num_started = 0
         self._finished = Counter[str]()
         self._metrics: deque[RequestMetrics] = deque(maxlen=_MAX_PENDING_METRICS)
         self.client = CoreClient(engine_args, self._on_event)
@@ -117,6 +119,16 @@ class AsyncEngine:
                 "finished_requests": sum(self._finished.values()),
                 "finished_by_reason": dict(self._finished),
             }
+
+    @property
+    def num_generating(self) -> int:
+        """Requests that have produced their first token and have not finished."""
+        return self._num_generating
+
+    @property
+    def num_started(self) -> int:
+        """Requests that have produced their first token, since start."""
+        return self._num_started
 
     def take_finished_metrics(self) -> list[RequestMetrics]:
         """The records of the requests finished since the last call (at most the last 10,000)."""
@@ -169,6 +181,16 @@ class AsyncEngine:
         if stream is not None:
             stream.put(None)
 
+    def abort_all(self) -> int:
+        """Stops every request (as abort() does); returns how many there were."""
+        with self._lock:
+            request_ids = list(self._streams)
+        for request_id in request_ids:
+            stream = self._abort(request_id)
+            if stream is not None:
+                stream.put(None)
+        return len(request_ids)
+
     def shutdown(self) -> None:
         """Stops the core process; generate() raises EngineDeadError from now on."""
         self.client.shutdown()
@@ -208,6 +230,7 @@ class AsyncEngine:
         now = time.monotonic()
         ttft = tpot = None
         if stream.first_token is not None:
+            self._num_generating -= 1
             ttft = stream.first_token - stream.arrival
             if stream.num_generation_tokens > 1:
                 tpot = (now - stream.first_token) / (stream.num_generation_tokens - 1)
@@ -243,6 +266,8 @@ class AsyncEngine:
                 if stream.first_token is None:
                     stream.first_token = now
                     self._prompt_tokens += stream.num_prompt_tokens
+                    self._num_generating += 1
+                    self._num_started += 1
                 stream.num_generation_tokens += len(out.new_token_ids)
                 self._generation_tokens += len(out.new_token_ids)
             outputs, to_abort = self.output_processor.process_outputs(event.outputs)

@@ -33,6 +33,9 @@ def run_serve(*args: str) -> subprocess.CompletedProcess:
     ["--dtype", "fp7"],
     ["--model", "/no/such/model.gguf"],
     ["--w", "/no/such/folder"],
+    ["--max-queued-requests", "0"],
+    ["--max-request-body-bytes", "-1"],
+    ["--shutdown-timeout", "-1"],
 ])
 def test_bad_flags_and_missing_model_exit_2_with_one_line(args: list[str]):
     result = run_serve(*args)

@@ -1,36 +1,40 @@
 """The OpenAI-compatible HTTP server: a FastAPI app over one AsyncEngine, run by uvicorn.
 
-Every /v1 route wants the API key when one is set; bodies are capped in size; every failure is
-answered in OpenAI's error shape. When the engine core dies, requests get 503 for a short grace
-period and then the server stops, so that `serve` returns non-zero."""
+Requests are admitted (or refused early, see admission.py) before their body is read; every failure
+is answered in OpenAI's error shape. SIGINT / SIGTERM drain the server: new requests get 503, running
+ones finish or are stopped at the shutdown timeout, then it exits 0. When the engine core dies,
+requests get 503 for a short grace period and then the server stops, so that `serve` returns non-zero."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from types import FrameType
 from typing import Any, TypeVar
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wick import __version__
 from wick.engine.async_engine import AsyncEngine
+from wick.entrypoints.openai.admission import Admission, AdmissionGuard
 from wick.entrypoints.openai.errors import (
     OpenAIError,
     bad_request,
     engine_dead,
     from_validation_errors,
     install_exception_handlers,
+    shutting_down,
 )
+from wick.entrypoints.openai.load_limits import LoadLimits
 from wick.entrypoints.openai.metrics import ServerMetrics
 from wick.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -50,58 +54,18 @@ from wick.tools.tool_choice import resolve_tool_parser
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 32 << 20
 MAX_JSON_DEPTH = 64
+DEFAULT_LIMITS = LoadLimits()
 # How often the server looks at the engine (is it alive? finished requests' latencies).
 _WATCH_INTERVAL_S = 0.5
 # How long a server whose engine died keeps answering 503 before it stops.
 _DEAD_GRACE_S = 2.0
-# How long a stopping server waits for open requests before cancelling them.
+# How long uvicorn waits for open connections once the drain is over (or the engine died).
 _GRACEFUL_SHUTDOWN_S = 5
+# How long the streams stopped at the end of a drain get to send their last events.
+_STOPPED_FLUSH_S = 5.0
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class _Guard:
-    """ASGI middleware: the API key on /v1 routes, and the body size limit (declared and actual)."""
-
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body_bytes: int) -> None:
-        self.app = app
-        self.api_key = api_key.encode() if api_key else None
-        self.max_body_bytes = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        if self.api_key is not None and scope["path"].startswith("/v1") and not self._authorized(headers):
-            error = OpenAIError(401, "Incorrect or missing API key; send it as 'Authorization: Bearer <key>'.")
-            await error.response()(scope, receive, send)
-            return
-        declared = headers.get(b"content-length", b"0")
-        if not declared.isdigit() or int(declared) > self.max_body_bytes:
-            await self._too_large().response()(scope, receive, send)
-            return
-        received = 0
-
-        async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise self._too_large()
-            return message
-
-        await self.app(scope, limited_receive, send)
-
-    def _authorized(self, headers: dict[bytes, bytes]) -> bool:
-        scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(key.strip(), self.api_key or b"")
-
-    def _too_large(self) -> OpenAIError:
-        return OpenAIError(413, f"the request body exceeds {self.max_body_bytes} bytes")
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -135,17 +99,19 @@ def _depth(data: Any) -> int:
 
 def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = None, api_key: str | None = None,
               chat_template: str | None = None, on_engine_dead: Callable[[], None] = lambda: None,
-              max_body_bytes: int = MAX_BODY_BYTES, webui: bool = False,
+              limits: LoadLimits = DEFAULT_LIMITS, webui: bool = False,
               mcp_servers: dict[str, ServerConfig] | None = None, tool_call_parser: str | None = None,
               reasoning_parser: str | None = None) -> FastAPI:
-    """`tool_call_parser` names the tool-call format (default: the one the chat template implies, if any)."""
+    """`tool_call_parser` names the tool-call format (default: the one the chat template implies, if any).
+    `app.state.admission` is the server's Admission: set its `draining` to refuse new requests."""
+    admission = Admission(engine, limits.max_queued_requests)
     models = ServingModels(served_model_names or [engine.model_name], engine.model_name, engine.max_model_len)
     chat = ServingChat(engine, models, chat_template,
                        tool_parser=resolve_tool_parser(tool_call_parser, engine.tokenizer, chat_template),
                        reasoning_parser=get_reasoning_parser(reasoning_parser) if reasoning_parser else None)
     completion = ServingCompletion(engine, models, chat_template)
     tokenization = ServingTokenization(engine, models, chat_template)
-    metrics = ServerMetrics(engine)
+    metrics = ServerMetrics(engine, admission)
     mcp_hub = McpHub(mcp_servers) if mcp_servers else None
     if mcp_hub is not None:
         if chat.tool_parser is None:
@@ -157,7 +123,7 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if mcp_hub is not None:
             await mcp_hub.start()
-        watcher = asyncio.create_task(_watch(engine, metrics, app, on_engine_dead))
+        watcher = asyncio.create_task(_watch(engine, metrics, admission, app, on_engine_dead))
         try:
             yield
         finally:
@@ -170,14 +136,17 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
     app = FastAPI(title="wick", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
     app.state.engine_died = False
+    app.state.admission = admission
     install_exception_handlers(app)
-    app.add_middleware(_Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(AdmissionGuard, admission=admission, api_key=api_key, max_body_bytes=limits.max_body_bytes)
     router = APIRouter()
 
     @router.get("/health")
     async def health() -> Response:
         if engine.is_dead:
             raise engine_dead()
+        if admission.draining:
+            raise shutting_down()
         return Response(status_code=200)
 
     @router.get("/version")
@@ -219,10 +188,12 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
     return app
 
 
-async def _watch(engine: AsyncEngine, metrics: ServerMetrics, app: FastAPI, on_engine_dead: Callable[[], None]) -> None:
+async def _watch(engine: AsyncEngine, metrics: ServerMetrics, admission: Admission, app: FastAPI,
+                 on_engine_dead: Callable[[], None]) -> None:
     while not engine.is_dead:
         await asyncio.sleep(_WATCH_INTERVAL_S)
         metrics.collect_latencies()
+        admission.sample_start_rate()
     app.state.engine_died = True
     logger.error("the engine core is gone: answering 503 for %.0f s, then stopping", _DEAD_GRACE_S)
     await asyncio.sleep(_DEAD_GRACE_S)
@@ -230,13 +201,22 @@ async def _watch(engine: AsyncEngine, metrics: ServerMetrics, app: FastAPI, on_e
 
 
 class _Server(uvicorn.Server):
-    """uvicorn's server, logging where it listens, and stopping on SIGINT / SIGTERM without re-raising
-    the signal afterwards (uvicorn's default), so that the caller can clean up and choose the exit code."""
+    """uvicorn's server, logging where it listens, and draining on SIGINT / SIGTERM: no new requests,
+    the running ones finish within `shutdown_timeout` seconds or are stopped, then the server stops.
+    A second signal stops it at once. The signal is not re-raised afterwards (uvicorn's default), so
+    that the caller can clean up and choose the exit code."""
 
-    def __init__(self, config: uvicorn.Config, url: str, banner: str) -> None:
+    def __init__(self, config: uvicorn.Config, url: str, banner: str, engine: AsyncEngine, admission: Admission,
+                 shutdown_timeout: float) -> None:
         super().__init__(config)
         self._url = url
         self._banner = banner
+        self._engine = engine
+        self._admission = admission
+        self._shutdown_timeout = shutdown_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task | None = None
+        self.forced_by: int | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -247,10 +227,43 @@ class _Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._admission.draining or self._loop is None:
+            logger.warning("second signal: stopping at once")
+            self.forced_by = sig
+            self.force_exit = self.should_exit = True
+            return
+        self._admission.draining = True
+        self._loop.call_soon_threadsafe(self._start_drain)
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.create_task(self._drain_requests())
+
+    async def _drain_requests(self) -> None:
+        admission = self._admission
+        logger.info("draining: no new requests; %d running may take up to %.0f s (a second signal stops at once)",
+                    admission.in_flight, self._shutdown_timeout)
+        if not await _until(lambda: admission.in_flight == 0, self._shutdown_timeout):
+            stopped = self._engine.abort_all()
+            logger.warning("shutdown timeout: stopped %d unfinished requests", stopped)
+            await _until(lambda: admission.in_flight == 0, _STOPPED_FLUSH_S)
+        self.should_exit = True
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
         if self.started:
             logger.info("%s; ready at %s (OpenAI API at %s/v1)", self._banner, self._url, self._url)
+
+
+async def _until(condition: Callable[[], bool], timeout: float) -> bool:
+    """Waits until `condition()` holds or `timeout` seconds pass; returns whether it holds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -271,8 +284,9 @@ def listen(host: str, port: int) -> socket.socket:
 async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names: list[str] | None = None,
                 api_key: str | None = None, chat_template: str | None = None, webui: bool = False,
                 mcp_servers: dict[str, ServerConfig] | None = None, tool_call_parser: str | None = None,
-                reasoning_parser: str | None = None) -> bool:
-    """Serves until SIGINT / SIGTERM or the engine core's death; returns whether the engine died."""
+                reasoning_parser: str | None = None, limits: LoadLimits = DEFAULT_LIMITS) -> int:
+    """Serves until SIGINT / SIGTERM or the engine core's death. Returns the exit code: 0 after a drain,
+    1 when the engine died, 128 + the signal's number when a second signal cut the drain short."""
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -281,10 +295,12 @@ async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names:
 
     app = build_app(engine, served_model_names=served_model_names, api_key=api_key, chat_template=chat_template,
                     on_engine_dead=stop, webui=webui, mcp_servers=mcp_servers, tool_call_parser=tool_call_parser,
-                    reasoning_parser=reasoning_parser)
+                    reasoning_parser=reasoning_parser, limits=limits)
     config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
     banner = f"serving {', '.join(served_model_names or [engine.model_name])} (engine core pid " \
              f"{engine.client.process.pid})"
-    server = _Server(config, url, banner)
+    server = _Server(config, url, banner, engine, app.state.admission, limits.shutdown_timeout)
     await server.serve(sockets=[sock])
-    return bool(app.state.engine_died)
+    if app.state.engine_died:
+        return 1
+    return 0 if server.forced_by is None else 128 + server.forced_by

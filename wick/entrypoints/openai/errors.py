@@ -14,7 +14,9 @@ from starlette.exceptions import HTTPException
 
 from wick.engine.async_engine import EngineDeadError
 
-_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 503: "engine_unavailable"}
+_CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 429: "server_overloaded",
+          503: "engine_unavailable"}
+_TYPES = {429: "server_overloaded"}
 # Validation error details shown per response; the rest are counted.
 _MAX_SHOWN = 3
 
@@ -22,19 +24,21 @@ _MAX_SHOWN = 3
 class OpenAIError(Exception):
     """A failure to report to the client with an HTTP status."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code or _CODES.get(status)
+        self.headers = headers
 
     def body(self) -> dict[str, Any]:
-        kind = "server_error" if self.status >= 500 else "invalid_request_error"
+        kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "invalid_request_error")
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None) -> OpenAIError:
@@ -43,6 +47,22 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
 
 def engine_dead() -> OpenAIError:
     return OpenAIError(503, "the engine core is gone; the server is shutting down")
+
+
+def request_too_large(max_body_bytes: int) -> OpenAIError:
+    """413; the connection closes after it, so that the rest of the body is never read."""
+    return OpenAIError(413, f"the request body exceeds {max_body_bytes} bytes", headers={"Connection": "close"})
+
+
+def shutting_down() -> OpenAIError:
+    return OpenAIError(503, "the server is shutting down and takes no new requests", code="server_shutting_down",
+                       headers={"Connection": "close"})
+
+
+def stopped_by_shutdown() -> OpenAIError:
+    """A request the server stopped before it finished: it was still running when the shutdown timeout ran out."""
+    return OpenAIError(503, "the server stopped this request before it finished: it is shutting down",
+                       code="server_shutting_down")
 
 
 def from_validation_errors(errors: Sequence[dict[str, Any]]) -> OpenAIError:

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from wick.engine.async_engine import AsyncEngine
+from wick.entrypoints.openai.admission import Admission
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -49,13 +50,32 @@ class _EngineCollector:
             yield family(name, documentation, value=value)
 
 
+class _AdmissionCollector:
+    """The requests refused before their body was read, by reason, and the requests waiting to start."""
+
+    def __init__(self, admission: Admission) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Metric]:
+        rejected = CounterMetricFamily(
+            "wick:num_requests_rejected", "Requests refused on arrival: queue_full (429), draining (503), "
+            "too_large (413).", labels=["reason"])
+        for reason in ("queue_full", "draining", "too_large"):
+            rejected.add_metric([reason], float(self._admission.rejected[reason]))
+        yield rejected
+        yield GaugeMetricFamily("wick:num_requests_admitted_waiting", "Generation requests in the server that have "
+                                "no token yet (the queue that --max-queued-requests bounds).",
+                                value=float(self._admission.num_waiting))
+
+
 class ServerMetrics:
     """The metrics of one engine, in a registry of its own."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, admission: Admission) -> None:
         self._engine = engine
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineCollector(lambda: engine.stats))
+        self.registry.register(_AdmissionCollector(admission))
         self.ttft = Histogram("wick:time_to_first_token_seconds", "Time to the first generated token.",
                               buckets=_TTFT_BUCKETS, registry=self.registry)
         self.tpot = Histogram("wick:time_per_output_token_seconds", "Time per generated token after the first.",

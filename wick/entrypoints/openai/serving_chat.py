@@ -13,7 +13,7 @@ from starlette.responses import Response
 
 from wick.engine.async_engine import AsyncEngine
 from wick.entrypoints.openai.chat_tools import ChatParsing, chat_parsing, deltas, message
-from wick.entrypoints.openai.errors import OpenAIError
+from wick.entrypoints.openai.errors import OpenAIError, stopped_by_shutdown
 from wick.entrypoints.openai.protocol import ChatCompletionRequest
 from wick.entrypoints.openai.serving_engine import (
     DONE,
@@ -76,7 +76,7 @@ class ServingChat(OpenAIServing):
             # The first output comes before the response starts, so that a refused request gets its status.
             first = await unless_disconnected(raw_request, anext(outputs, None))
             if first is None:
-                raise OpenAIError(500, "the request ended without an output")
+                raise stopped_by_shutdown()
             header = self.response_header(call.request_id, "chat.completion.chunk", model)
             return StreamingResponse(self._stream(request, call, header, first, outputs),
                                      media_type="text/event-stream")
@@ -133,6 +133,10 @@ class ServingChat(OpenAIServing):
                     for chunk in self._chunks(request, header, sample, choices[sample.index]):
                         yield chunk
                 last, output = output, await anext(outputs, None)
+            for index, choice in enumerate(choices):
+                if not choice.cursor.finished:  # stopped by the server's shutdown
+                    yield sse({**header, "choices": [{"index": index, "delta": {}, "logprobs": None,
+                                                      "finish_reason": "abort"}]})
             if request.include_usage:
                 num_generated = sum(len(o.token_ids) for o in last.outputs)
                 yield sse({**header, "choices": [], "usage": usage(len(last.prompt_token_ids), num_generated)})
@@ -207,6 +211,6 @@ async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
     async with aclosing(outputs):
         async for output in outputs:
             final = output
-    if final is None:
-        raise OpenAIError(500, "the request ended without an output")
+    if final is None or not final.finished:
+        raise stopped_by_shutdown()
     return final

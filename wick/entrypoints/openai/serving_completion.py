@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 from starlette.responses import Response
 
-from wick.entrypoints.openai.errors import OpenAIError
+from wick.entrypoints.openai.errors import OpenAIError, stopped_by_shutdown
 from wick.entrypoints.openai.protocol import CompletionRequest
 from wick.entrypoints.openai.serving_engine import (
     DONE,
@@ -55,7 +55,7 @@ class ServingCompletion(OpenAIServing):
             # The first output comes before the response starts, so that a refused request gets its status.
             first = await unless_disconnected(raw_request, anext(outputs, None))
             if first is None:
-                raise OpenAIError(500, "the request ended without an output")
+                raise stopped_by_shutdown()
             header = self.response_header(request_id, "text_completion", model)
             return StreamingResponse(self._stream(request, header, prompts, first, outputs),
                                      media_type="text/event-stream")
@@ -65,7 +65,7 @@ class ServingCompletion(OpenAIServing):
 
     def _encode(self, prompt: str | list[int]) -> _Prompt:
         if isinstance(prompt, str):
-            return _Prompt(prompt, self.tokenizer.encode(prompt))
+            return _Prompt(prompt, self.encode(prompt, "prompt"))
         self.check_token_ids(prompt, "prompt")
         return _Prompt(self.tokenizer.decode(prompt), prompt)
 
@@ -103,6 +103,10 @@ class ServingCompletion(OpenAIServing):
                         yield chunk
                 latest[prompt_index] = output
                 item = await anext(outputs, None)
+            for prompt_index, prompt_cursors in enumerate(cursors):
+                for sample_index, cursor in enumerate(prompt_cursors):
+                    if not cursor.finished:  # stopped by the server's shutdown
+                        yield self._chunk(header, prompt_index * request.n + sample_index, "", None, "abort")
             if request.include_usage:
                 num_prompt = sum(len(p.token_ids) for p in prompts)
                 num_generated = sum(len(s.token_ids) for f in latest.values() for s in f.outputs)
@@ -188,6 +192,6 @@ async def _finals(outputs: AsyncIterator[tuple[int, RequestOutput]], num_prompts
     async with aclosing(outputs):
         async for prompt_index, output in outputs:
             finals[prompt_index] = output
-    if len(finals) != num_prompts:
-        raise OpenAIError(500, "a request ended without an output")
+    if len(finals) != num_prompts or not all(final.finished for final in finals.values()):
+        raise stopped_by_shutdown()
     return [finals[i] for i in range(num_prompts)]

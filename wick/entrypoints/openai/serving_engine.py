@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -13,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 from starlette.requests import Request
+from transformers import PreTrainedTokenizerBase
 
 from wick import __version__
 from wick.engine.async_engine import AsyncEngine, EngineDeadError
@@ -93,7 +95,17 @@ class OpenAIServing:
                 chat_template=self.chat_template, continue_final_message=continue_final_message, **template_kwargs)
         except ValueError as e:
             raise bad_request(str(e), "messages") from e
-        return text, self.tokenizer.encode(text, add_special_tokens=False)
+        return text, self.encode(text, "messages", add_special_tokens=False)
+
+    def encode(self, text: str, param: str, add_special_tokens: bool = True) -> list[int]:
+        """The token ids of `text`; 400 without tokenizing when the text is too long to fit the context
+        whatever its tokens: every token stands for at most `longest_token_chars` characters."""
+        max_model_len = self.engine.max_model_len
+        max_chars = max_model_len * longest_token_chars(self.tokenizer)
+        if len(text) > max_chars:
+            raise bad_request(f"the prompt has {len(text)} characters, more than this model's context of "
+                              f"{max_model_len} tokens can hold (at most {max_chars} characters)", param)
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def response_header(self, request_id: str, object_name: str, model: str) -> dict[str, object]:
         return {"id": request_id, "object": object_name, "created": int(time.time()), "model": model,
@@ -140,6 +152,15 @@ class OpenAIServing:
             raise engine_dead() from e
         finally:
             await stream.aclose()
+
+
+@functools.cache
+def longest_token_chars(tokenizer: PreTrainedTokenizerBase) -> int:
+    """An upper bound on the characters of text one token stands for: the longest entry of the vocabulary.
+
+    A byte-level vocabulary spells each byte as one character, and a character is at least one byte; a
+    SentencePiece vocabulary spells its text as is (byte fallback tokens `<0x..>` are longer than the byte)."""
+    return max(len(token) for token in tokenizer.get_vocab())
 
 
 async def merge(streams: list[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:

@@ -16,7 +16,7 @@ class ServingTokenization(OpenAIServing):
                 template_messages(request.messages), request.tools, request.add_generation_prompt,
                 request.continue_final_message, request.chat_template_kwargs)
         else:
-            token_ids = self.tokenizer.encode(request.prompt or "", add_special_tokens=request.add_special_tokens)
+            token_ids = self.encode(request.prompt or "", "prompt", add_special_tokens=request.add_special_tokens)
         return {"count": len(token_ids), "max_model_len": self.engine.max_model_len, "tokens": token_ids}
 
     def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:

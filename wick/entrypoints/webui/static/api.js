@@ -18,7 +18,12 @@ async function errorFrom(response) {
     message = text.slice(0, 300);
   }
   const status = `${response.status}${response.statusText ? ` ${response.statusText}` : ""}`;
-  const hint = response.status === 401 ? " Set the server's API key in Settings." : "";
+  const retry = response.headers.get("Retry-After");
+  const hints = {
+    401: " Set the server's API key in Settings.",
+    429: ` The server is busy: send again${retry ? ` in ${retry} s` : " later"}.`,
+  };
+  const hint = hints[response.status] || "";
   return new ApiError(`The server answered ${status}: ${message || "no details"}.${hint}`);
 }
 
