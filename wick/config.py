@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PretrainedConfig
@@ -42,6 +43,11 @@ class EngineArgs:
     seed: int = 0
     chat_template: str | None = None
     trust_remote_code: bool = False
+    download_dir: str | None = None
+    # Sampling defaults (wick/sampling_defaults.py): "auto" (the model's generation_config.json), "vllm" (none)
+    # or a folder; then these values (SamplingParams names) over it.
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -58,9 +64,13 @@ class EngineArgs:
             raise ValueError("tensor_parallel_size > 1 is not supported yet")
 
     def create_engine_config(self) -> EngineConfig:
-        source = resolve_model(self.model, self.load_format, self.tokenizer)
+        source = resolve_model(self.model, self.load_format, self.tokenizer, self.download_dir)
         device = torch.device(self.device if self.device != "auto"
                               else ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: no CUDA device is usable here (this torch is "
+                             f"{torch.__version__}{'' if torch.version.cuda else ', a build without CUDA'}); "
+                             "use --device cpu")
         hf_config = source.config
         dtype = _resolve_dtype(self.dtype, hf_config, device)
         max_position = _max_position(hf_config)

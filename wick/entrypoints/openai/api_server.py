@@ -30,6 +30,7 @@ from wick.entrypoints.openai.errors import (
     engine_dead,
     from_validation_errors,
     install_exception_handlers,
+    lone_surrogate,
 )
 from wick.entrypoints.openai.metrics import ServerMetrics
 from wick.entrypoints.openai.protocol import (
@@ -116,6 +117,10 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise bad_request("the body is not valid JSON (or nests too deep, or holds a number too long)") from e
     if _depth(data) > MAX_JSON_DEPTH:
         raise bad_request(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    where = lone_surrogate(data)
+    if where is not None:
+        raise bad_request(f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff "
+                          "without its pair), which is not text", where or None)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -179,6 +184,11 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
         if engine.is_dead:
             raise engine_dead()
         return Response(status_code=200)
+
+    @router.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        """vLLM's (and SageMaker's) liveness route: /health under another name."""
+        return await health()
 
     @router.get("/version")
     async def version() -> dict[str, str]:
@@ -271,7 +281,7 @@ def listen(host: str, port: int) -> socket.socket:
 async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names: list[str] | None = None,
                 api_key: str | None = None, chat_template: str | None = None, webui: bool = False,
                 mcp_servers: dict[str, ServerConfig] | None = None, tool_call_parser: str | None = None,
-                reasoning_parser: str | None = None) -> bool:
+                reasoning_parser: str | None = None, uvicorn_log_level: str = "info") -> bool:
     """Serves until SIGINT / SIGTERM or the engine core's death; returns whether the engine died."""
     host, port = sock.getsockname()[:2]
     url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
@@ -282,7 +292,8 @@ async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names:
     app = build_app(engine, served_model_names=served_model_names, api_key=api_key, chat_template=chat_template,
                     on_engine_dead=stop, webui=webui, mcp_servers=mcp_servers, tool_call_parser=tool_call_parser,
                     reasoning_parser=reasoning_parser)
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
+    config = uvicorn.Config(app, log_config=None, log_level=uvicorn_log_level,
+                            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
     banner = f"serving {', '.join(served_model_names or [engine.model_name])} (engine core pid " \
              f"{engine.client.process.pid})"
     server = _Server(config, url, banner)
