@@ -125,7 +125,7 @@ class ServingChat(OpenAIServing):
                 parts = ChatMessageParts(None, output.text, [])
             else:
                 parts = call.parsing.parser.extract(output.text)
-            finish_reason = "tool_calls" if parts.tool_calls else output.finish_reason
+            finish_reason = _finish_reason(output.finish_reason, bool(parts.tool_calls))
             choices.append(ChatChoice(output, message(parts, call.parsing.reasoning), finish_reason))
         return final, choices
 
@@ -177,7 +177,7 @@ class ServingChat(OpenAIServing):
                   for i, delta in enumerate(updates)]
         if sample.finished:
             cursor.finished = True
-            finish_reason = "tool_calls" if choice.num_tool_calls else sample.finish_reason
+            finish_reason = _finish_reason(sample.finish_reason, bool(choice.num_tool_calls))
             chunks.append(sse({**header, "choices": [{"index": sample.index, "delta": {}, "logprobs": None,
                                                       "finish_reason": finish_reason,
                                                       "stop_reason": sample.stop_reason}]}))
@@ -222,6 +222,12 @@ class _StreamChoice:
                 self.num_tool_calls += len(piece.tool_calls)
                 result.extend(deltas(piece))
         return result
+
+
+def _finish_reason(reason: str | None, has_tool_calls: bool) -> str | None:
+    """"tool_calls" when the output made calls, but "length" when max_tokens cut it (the last call may be partial),
+    as OpenAI reports it."""
+    return "tool_calls" if has_tool_calls and reason != "length" else reason
 
 
 async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:
