@@ -18,7 +18,22 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
-CPU_KV_CACHE_BYTES = 2 << 30
+# The CPU's KV cache by default (docs/cpu.md): room for this many full-length sequences (any number of shorter ones
+# share it), bounded by max_num_seqs of them and by this share of the memory available when the engine starts.
+CPU_KV_CACHE_SEQS = 2
+CPU_KV_CACHE_MEMORY_SHARE = 0.25
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 @dataclass
