@@ -72,3 +72,22 @@ def test_device_cuda_without_cuda_is_one_line():
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "no CUDA device" in lines[0], result.stderr
+
+
+def test_every_wick_command_of_the_readme_table_parses():
+    """The "coming from candle-vllm / vllm.rs" table: each wick command is accepted, save the rows whose flags the
+    tensor-parallel and quantization work adds (--d, --isq), which are left to parse once those land."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("### Coming from candle-vllm"):readme.index("## Offline API")]
+    commands = [shlex.split(cell) for cell in re.findall(r"\| `(wick [^`]+)`", table)]
+    assert len(commands) >= 6
+    known = build_parser()
+    for command in commands:
+        if {"--d", "--isq"} & set(command):
+            continue
+        args = known.parse_args(command[1:])
+        assert engine_args_from(args).model
