@@ -96,7 +96,8 @@ class ServingChat(OpenAIServing):
         max_tokens = self.max_tokens(request, len(prompt_token_ids), "messages")
         if request.tools and request.tool_choice in (None, "auto"):
             self._check_template_renders_tools()
-        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser, self.tokenizer, prompt_token_ids)
+        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser, self.tokenizer, prompt_token_ids,
+                               max_tokens)
         params = self.sampling_params(lambda: request.sampling_params(
             max_tokens, request.num_logprobs, structured_outputs=parsing.structured_outputs,
             defaults=self.engine.sampling_defaults).clone(
