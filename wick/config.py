@@ -59,6 +59,8 @@ class EngineArgs:
     chat_template: str | None = None
     trust_remote_code: bool = False
     download_dir: str | None = None
+    # Stretch the model's context by this factor with YaRN rope scaling (vllm.rs's --yarn-scaling-factor).
+    yarn_scaling_factor: float | None = None
     # Sampling defaults (wick/sampling_defaults.py): "auto" (the model's generation_config.json), "vllm" (none)
     # or a folder; then these values (SamplingParams names) over it.
     generation_config: str = "auto"
@@ -75,6 +77,8 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.yarn_scaling_factor is not None and not self.yarn_scaling_factor > 1.0:
+            raise ValueError(f"yarn_scaling_factor must be > 1, got {self.yarn_scaling_factor}")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet")
 
@@ -87,6 +91,8 @@ class EngineArgs:
                              f"{torch.__version__}{'' if torch.version.cuda else ', a build without CUDA'}); "
                              "use --device cpu")
         hf_config = source.config
+        if self.yarn_scaling_factor is not None:
+            _apply_yarn(hf_config, self.yarn_scaling_factor)
         dtype = _resolve_dtype(self.dtype, hf_config, device)
         max_position = _max_position(hf_config)
         max_model_len = self.max_model_len or max_position
@@ -136,6 +142,21 @@ def _resolve_dtype(name: str, hf_config: PretrainedConfig, device: torch.device)
     if isinstance(config_dtype, str):
         config_dtype = _DTYPES.get(config_dtype, torch.float32)
     return config_dtype if config_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def _apply_yarn(hf_config: PretrainedConfig, factor: float) -> None:
+    """YaRN rope scaling over the model's trained context, which grows `factor` times."""
+    from wick.layers.rotary import rope_parameters
+
+    theta, scaling = rope_parameters(hf_config)
+    if scaling is not None:
+        raise ValueError(f"the model already scales its rope ({scaling['rope_type']}); --yarn-scaling-factor "
+                         "applies to models with plain rope")
+    original = _max_position(hf_config)
+    hf_config.rope_parameters = {"rope_type": "yarn", "factor": float(factor), "rope_theta": theta,
+                                 "original_max_position_embeddings": original}
+    hf_config.max_position_embeddings = int(original * factor)
+    logger.info("YaRN rope scaling x%g: %d -> %d positions", factor, original, hf_config.max_position_embeddings)
 
 
 def _sliding_window(hf_config: PretrainedConfig) -> int | None:

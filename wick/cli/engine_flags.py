@@ -31,6 +31,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, positional_model: bool = F
                        help="let a hub tokenizer run its repo's code (vLLM's flag); model code is always wick's")
     model.add_argument("--download-dir", default=None, metavar="DIR",
                        help="where to keep weights downloaded from the HF hub (default: the HF cache)")
+    model.add_argument("--yarn-scaling-factor", type=float, default=None, metavar="FACTOR",
+                       help="stretch the context FACTOR times with YaRN rope scaling (vllm.rs)")
     model.add_argument("--generation-config", default="auto",
                        help="sampling defaults: 'auto' (the model's generation_config.json), 'vllm' (none), "
                             "or a folder holding a generation_config.json")
@@ -84,7 +86,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size, seed=args.seed, chat_template=args.chat_template,
         trust_remote_code=args.trust_remote_code, download_dir=args.download_dir,
-        generation_config=args.generation_config, override_generation_config=sampling_overrides(args))
+        generation_config=args.generation_config, override_generation_config=sampling_overrides(args),
+        yarn_scaling_factor=args.yarn_scaling_factor)
 
 
 def model_from(args: argparse.Namespace) -> str | None:
