@@ -49,6 +49,7 @@ def test_seed_cache_scheduler_and_sampling_flags():
                                                       "frequency_penalty": 0.5, "presence_penalty": 0.25,
                                                       "max_tokens": 300}
     assert args.tool_call_parser == "qwen" and args.ui and args.port == 9000 and args.log
+    assert parse("serve", "--i", "--w", "/models/qwen").interactive  # vllm.rs's interactive chat
     assert engine_args_from(parse("serve", "--prefix-cache")).enable_prefix_caching
     assert engine_args_from(parse("chat", "--temperature", "0")).override_generation_config == {"temperature": 0.0}
     assert parse("generate", "-p", "hi", "--max-tokens", "8").max_tokens == 8
