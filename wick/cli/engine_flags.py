@@ -57,6 +57,7 @@ def add_engine_flags(parser: argparse.ArgumentParser, positional_model: bool = F
     device.add_argument("--enforce-eager", action="store_true")
     device.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     device.add_argument("--seed", type=int, default=0)
+    device.add_argument("--log", action="store_true", help="log wick's debug messages too (candle-vllm)")
 
     sampling = parser.add_argument_group(
         "sampling defaults", "for requests that leave them out (over the model's generation config)")

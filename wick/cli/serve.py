@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 
@@ -37,11 +36,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     frontend.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
                           help="split <think> reasoning into reasoning_content")
     frontend.add_argument("--disable-log-requests", "--no-enable-log-requests", action="store_true",
-                          help="accepted for vLLM's command lines: wick does not log requests")
+                          help="accepted for vLLM's command lines: wick logs no request contents")
     frontend.add_argument("--uvicorn-log-level", default="info",
                           choices=["critical", "error", "warning", "info", "debug", "trace"],
                           help="the HTTP server's log level (its access log is at info)")
-    frontend.add_argument("--log", action="store_true", help="log wick's debug messages too (candle-vllm)")
     frontend.add_argument("--i", dest="interactive", action="store_true",
                           help="chat in the terminal instead of serving (vllm.rs); as `wick chat`")
     parser.set_defaults(run=run, system=None)
@@ -53,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
     from wick.entrypoints.openai.api_server import listen, serve
     from wick.mcp.config import load_mcp_config
 
-    if args.log:
-        logging.getLogger("wick").setLevel(logging.DEBUG)
     if args.interactive:
         from wick.cli import chat
 
