@@ -40,3 +40,14 @@ def test_full_attention_models_keep_their_positions(tmp_path: Path, config: dict
 def test_the_qwen_presets_are_full_attention() -> None:
     config = EngineArgs(model="qwen2.5-0.5b", load_format="dummy", device="cpu").create_engine_config()
     assert config.max_model_len == PRESETS["qwen2.5-0.5b"]["max_position_embeddings"]
+
+
+def test_yarn_scaling_factor_stretches_the_context(tiny_llama_dir: str):
+    from wick.layers.rotary import rope_parameters
+
+    config = EngineArgs(model=tiny_llama_dir, yarn_scaling_factor=4.0).create_engine_config()
+    assert config.max_model_len == 4 * 512
+    theta, scaling = rope_parameters(config.hf_config)
+    assert scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
+    with pytest.raises(ValueError, match="yarn_scaling_factor"):
+        EngineArgs(model=tiny_llama_dir, yarn_scaling_factor=0.5)

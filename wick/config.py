@@ -6,6 +6,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PretrainedConfig
@@ -19,7 +20,22 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
-CPU_KV_CACHE_BYTES = 2 << 30
+# The CPU's KV cache by default (docs/cpu.md): room for this many full-length sequences (any number of shorter ones
+# share it), bounded by max_num_seqs of them and by this share of the memory available when the engine starts.
+CPU_KV_CACHE_SEQS = 2
+CPU_KV_CACHE_MEMORY_SHARE = 0.25
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
 
 
 @dataclass
@@ -49,6 +65,13 @@ class EngineArgs:
     seed: int = 0
     chat_template: str | None = None
     trust_remote_code: bool = False
+    download_dir: str | None = None
+    # Stretch the model's context by this factor with YaRN rope scaling (vllm.rs's --yarn-scaling-factor).
+    yarn_scaling_factor: float | None = None
+    # Sampling defaults (wick/sampling_defaults.py): "auto" (the model's generation_config.json), "vllm" (none)
+    # or a folder; then these values (SamplingParams names) over it.
+    generation_config: str = "auto"
+    override_generation_config: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -61,16 +84,24 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.yarn_scaling_factor is not None and not self.yarn_scaling_factor > 1.0:
+            raise ValueError(f"yarn_scaling_factor must be > 1, got {self.yarn_scaling_factor}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes): got node_rank={self.node_rank}, nnodes={self.nnodes}")
 
     def create_engine_config(self) -> EngineConfig:
-        source = resolve_model(self.model, self.load_format, self.tokenizer)
+        source = resolve_model(self.model, self.load_format, self.tokenizer, self.download_dir)
         device = torch.device(self.device if self.device != "auto"
                               else ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {self.device!r}: no CUDA device is usable here (this torch is "
+                             f"{torch.__version__}{'' if torch.version.cuda else ', a build without CUDA'}); "
+                             "use --device cpu")
         hf_config = source.config
+        if self.yarn_scaling_factor is not None:
+            _apply_yarn(hf_config, self.yarn_scaling_factor)
         dtype = _resolve_dtype(self.dtype, hf_config, device)
         max_position = _max_position(hf_config)
         max_model_len = self.max_model_len or max_position
@@ -171,6 +202,21 @@ def _resolve_dtype(name: str, hf_config: PretrainedConfig, device: torch.device)
     if isinstance(config_dtype, str):
         config_dtype = _DTYPES.get(config_dtype, torch.float32)
     return config_dtype if config_dtype in (torch.float16, torch.bfloat16) else torch.bfloat16
+
+
+def _apply_yarn(hf_config: PretrainedConfig, factor: float) -> None:
+    """YaRN rope scaling over the model's trained context, which grows `factor` times."""
+    from wick.layers.rotary import rope_parameters
+
+    theta, scaling = rope_parameters(hf_config)
+    if scaling is not None:
+        raise ValueError(f"the model already scales its rope ({scaling['rope_type']}); --yarn-scaling-factor "
+                         "applies to models with plain rope")
+    original = _max_position(hf_config)
+    hf_config.rope_parameters = {"rope_type": "yarn", "factor": float(factor), "rope_theta": theta,
+                                 "original_max_position_embeddings": original}
+    hf_config.max_position_embeddings = int(original * factor)
+    logger.info("YaRN rope scaling x%g: %d -> %d positions", factor, original, hf_config.max_position_embeddings)
 
 
 def _sliding_window(hf_config: PretrainedConfig) -> int | None:

@@ -106,3 +106,24 @@ def test_dummy_model_without_tokenizer_takes_token_ids(tmp_path):
     assert len(out.token_ids) == 5 and out.text == "" and all(0 <= t < 1000 for t in out.token_ids)
     with pytest.raises(ValueError, match="token ids"):
         llm.generate("text needs a tokenizer")
+
+
+def test_generation_config_defaults_reach_a_call_that_omits_them(tmp_path, tiny_llama_dir):
+    """The model's generation_config.json (greedy, 5 tokens) is what a call without SamplingParams gets; the
+    call's own SamplingParams win; --generation-config vllm ("vllm") ignores the file."""
+    import json
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama_dir, folder)
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_new_tokens": 5}))
+    llm = LLM(str(folder), max_model_len=128, kv_cache_memory=8 << 20)
+    greedy = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))[0].outputs[0]
+    default = llm.get_default_sampling_params()
+    assert (default.temperature, default.max_tokens) == (0.0, 5)
+    omitted = llm.generate([5, 6, 7], default.clone(ignore_eos=True))[0].outputs[0]
+    assert omitted.token_ids == greedy.token_ids
+    own = llm.generate([5, 6, 7], SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))[0].outputs[0]
+    assert own.token_ids == greedy.token_ids[:2]
+    assert LLM(str(folder), max_model_len=128, kv_cache_memory=8 << 20,
+               generation_config="vllm").get_default_sampling_params().temperature == 1.0

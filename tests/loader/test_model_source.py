@@ -73,8 +73,33 @@ def test_hf_id_from_offline_cache(offline_hf_cache: Path, llama_folder: Path) ->
 def test_hf_id_not_in_cache(offline_hf_cache: Path) -> None:
     with pytest.raises(ModelNotFoundError, match="wick-test/absent") as info:
         resolve_model("wick-test/absent")
-    assert "not in the local Hugging Face cache" in str(info.value)
-    assert "could not be downloaded" in str(info.value)
+    message = str(info.value)
+    assert "not in the local HF cache" in message and "HF_HUB_OFFLINE is set" in message
+    assert "safetensors" in message and "\n" not in message
+
+
+def test_gguf_file_of_a_hub_repo_from_the_cache(offline_hf_cache: Path, smollm2_gguf: str) -> None:
+    """`--m REPO --f FILE`: the file comes from the HF cache (or download_dir) under its own name."""
+    name = Path(smollm2_gguf).name
+    repo = offline_hf_cache / "models--wick-test--smol-gguf"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    (repo / "snapshots" / COMMIT).mkdir(parents=True)
+    (repo / "snapshots" / COMMIT / name).symlink_to(smollm2_gguf)
+    source = resolve_model(f"wick-test/smol-gguf/{name}")
+    assert source.kind == "gguf" and Path(source.gguf_file) == repo / "snapshots" / COMMIT / name
+    assert source.config.hidden_size == 576
+    other = offline_hf_cache.parent / "downloads"
+    shutil.move(str(offline_hf_cache / "models--wick-test--smol-gguf"), str(other / "models--wick-test--smol-gguf"))
+    assert resolve_model(f"wick-test/smol-gguf/{name}", download_dir=str(other)).kind == "gguf"
+
+
+def test_gguf_file_not_in_the_cache_says_what_was_looked_for(offline_hf_cache: Path) -> None:
+    with pytest.raises(ModelNotFoundError) as info:
+        resolve_model("wick-test/absent-gguf/model-Q4_K_M.gguf")
+    message = str(info.value)
+    assert "'model-Q4_K_M.gguf' of the HF repo 'wick-test/absent-gguf'" in message
+    assert "HF_HUB_OFFLINE is set" in message
 
 
 def test_default_model(smollm2_gguf: str) -> None:

@@ -9,7 +9,7 @@ import pytest
 from wick.sampling_params import SamplingParams, StructuredOutputsParams
 from wick.tools import HermesToolParser, MistralToolParser
 from wick.tools.chat_output import ChatOutputParser, tool_call_params
-from wick.tools.tool_choice import forced_call, parse_forced, resolve_tool_parser
+from wick.tools.tool_choice import forced_call, parse_forced, resolve_tool_parser, within_budget
 
 WEATHER = {"type": "object", "properties": {"location": {"type": "string"}}, "required": ["location"]}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
@@ -84,3 +84,28 @@ def test_tool_call_params_constrain_and_keep_special_tokens() -> None:
     with pytest.raises(ValueError, match="structured output"):
         tool_call_params(SamplingParams(structured_outputs=StructuredOutputsParams(regex="a")),
                          ChatOutputParser(forced=forced), forced)
+
+
+def test_within_budget_bounds_open_strings_so_the_call_can_close() -> None:
+    import xgrammar as xgr
+
+    weather = {"type": "object", "properties": {"location": {"type": "string"},
+                                                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                                                "notes": {"type": "array", "items": {"type": "string"}}},
+               "required": ["location"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": weather}}]
+    forced = forced_call(tools, {"type": "function", "function": {"name": "get_weather"}})
+    bounded = within_budget(forced, 120)
+    location, notes = bounded.schema["properties"]["location"], bounded.schema["properties"]["notes"]["items"]
+    assert location["maxLength"] == notes["maxLength"] and 8 <= location["maxLength"] < 60
+    assert "maxLength" not in bounded.schema["properties"]["unit"]
+    assert "maxLength" not in weather["properties"]["location"]  # the tool's own schema is not changed
+    assert within_budget(forced, 12).schema == forced.schema  # too little room: left as it was
+
+    # As the engine compiles it (wick/core/structured_output.py).
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo([]))
+    matcher = xgr.GrammarMatcher(compiler.compile_json_schema(json.dumps(bounded.schema), any_whitespace=False))
+    longest = "x" * location["maxLength"]
+    assert matcher.accept_string(json.dumps({"location": longest}))
+    matcher.reset()
+    assert not matcher.accept_string(json.dumps({"location": longest + "x"}))

@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from wick.cli.engine_flags import add_engine_flags, engine_args_from
-from wick.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from wick.entrypoints.llm import LLM
@@ -23,17 +22,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("chat", help="chat with a model in the terminal")
     add_engine_flags(parser)
     parser.add_argument("--system", default=None, help="a system message that opens every conversation")
-    parser.add_argument("--max-tokens", type=int, default=512, help="the longest answer, in tokens")
-    parser.add_argument("--temperature", type=float, default=0.7)
-    parser.add_argument("--top-p", type=float, default=0.95)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Also `wick serve --i` (vllm.rs's interactive mode)."""
     from wick.entrypoints.llm import LLM
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p)
-    chat = Chat(LLM(**dataclasses.asdict(engine_args_from(args))), params, args.system)
+    chat = Chat(LLM(**dataclasses.asdict(engine_args_from(args))), args.system)
     try:
         # Line editing and history for input(), where the platform has it.
         importlib.import_module("readline")
@@ -70,9 +66,9 @@ def run(args: argparse.Namespace) -> int:
 class Chat:
     """A conversation with the model: its history and one streamed answer at a time."""
 
-    def __init__(self, llm: LLM, params: SamplingParams, system: str | None = None) -> None:
+    def __init__(self, llm: LLM, system: str | None = None) -> None:
+        """Answers are sampled with the model's and the flags' sampling defaults (llm.sampling_defaults)."""
         self.llm = llm
-        self.params = params.clone(eos_token_ids=llm.eos_token_ids)
         self.system = system
         self.messages: list[dict[str, str]] = []
         self._ids = itertools.count()
@@ -92,10 +88,17 @@ class Chat:
         prompt = apply_chat_template(llm.tokenizer, messages, add_generation_prompt=True,
                                      chat_template=llm.engine_args.chat_template)
         token_ids = llm.tokenizer.encode(prompt, add_special_tokens=False)
+        room = llm.config.max_model_len - len(token_ids)
+        if room < 1:
+            raise ValueError(f"the conversation has {len(token_ids)} tokens, more than the model's context of "
+                             f"{llm.config.max_model_len}: /reset to start again")
+        defaults = llm.sampling_defaults
+        params = defaults.sampling_params(defaults.max_tokens_for(room, llm.config.max_model_len),
+                                          eos_token_ids=llm.eos_token_ids)
         request_id = f"chat-{next(self._ids)}"
-        llm.output_processor.add_request(request_id, prompt, token_ids, self.params)
+        llm.output_processor.add_request(request_id, prompt, token_ids, params)
         try:
-            llm.core.add_request(EngineCoreRequest(request_id, token_ids, self.params))
+            llm.core.add_request(EngineCoreRequest(request_id, token_ids, params))
             answer = ""
             while llm.core.has_unfinished_requests():
                 outputs, to_abort = llm.output_processor.process_outputs(llm.core.step())

@@ -6,7 +6,9 @@ import argparse
 import dataclasses
 
 from wick.cli.engine_flags import add_engine_flags, engine_args_from
-from wick.sampling_params import SamplingParams
+
+# What `wick generate` writes at most when neither the flags nor the model's generation config say.
+GENERATE_MAX_TOKENS = 256
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -14,19 +16,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_engine_flags(parser)
     parser.add_argument("--prompt", "-p", required=True)
     parser.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Samples with the model's sampling defaults, under the flags' (--temperature, --max-tokens, ...)."""
     from wick.entrypoints.llm import LLM
 
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                            top_k=args.top_k, seed=args.seed)
     llm = LLM(**dataclasses.asdict(engine_args_from(args)))
+    defaults = llm.sampling_defaults
+    params = defaults.sampling_params(defaults.max_tokens or GENERATE_MAX_TOKENS, seed=args.seed)
     if args.chat:
         output = llm.chat([{"role": "user", "content": args.prompt}], params)[0]
     else:

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if getattr(args, "log", False):
+        logging.getLogger("wick").setLevel(logging.DEBUG)
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as e:

@@ -19,24 +19,34 @@ from wick.tools.registry import REASONING_PARSERS, TOOL_PARSERS
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
-    add_engine_flags(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", "--p", type=int, default=8000)
-    parser.add_argument("--api-key", default=os.environ.get("WICK_API_KEY"),
-                        help="require 'Authorization: Bearer KEY' on /v1 routes (default: $WICK_API_KEY)")
-    parser.add_argument("--served-model-name", nargs="+", default=None,
-                        help="the model name(s) requests may use; the first stands for a request naming none")
-    parser.add_argument("--ui", "--ui-server", action="store_true",
-                        help="also serve a chat page at / (the OpenAI API stays under /v1)")
-    parser.add_argument("--mcp-config", default=None, metavar="FILE",
-                        help="a JSON file of MCP servers ({\"mcpServers\": {...}}) whose tools chat requests "
-                             "without tools of their own may use; wick runs the calls")
-    parser.add_argument("--tool-call-parser", choices=sorted(TOOL_PARSERS), default=None,
-                        help="the model's tool-call format (default: the one its chat template implies, if any)")
-    parser.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
-                        help="split <think> reasoning into reasoning_content")
+    add_engine_flags(parser, positional_model=True)
+    frontend = parser.add_argument_group("frontend")
+    frontend.add_argument("--host", default="127.0.0.1")
+    frontend.add_argument("--port", "--p", type=int, default=8000)
+    frontend.add_argument("--api-key", default=os.environ.get("WICK_API_KEY"),
+                          help="require 'Authorization: Bearer KEY' on /v1 routes (default: $WICK_API_KEY)")
+    frontend.add_argument("--served-model-name", nargs="+", default=None,
+                          help="the model name(s) requests may use; the first stands for a request naming none")
+    frontend.add_argument("--ui", "--ui-server", action="store_true",
+                          help="also serve a chat page at / (the OpenAI API stays under /v1)")
+    frontend.add_argument("--mcp-config", default=None, metavar="FILE",
+                          help="a JSON file of MCP servers ({\"mcpServers\": {...}}) whose tools chat requests "
+                               "without tools of their own may use; wick runs the calls")
+    frontend.add_argument("--tool-call-parser", "--enforce-parser", choices=sorted(TOOL_PARSERS), default=None,
+                          help="the model's tool-call format (default: the one its chat template implies, if any)")
+    frontend.add_argument("--enable-auto-tool-choice", action="store_true",
+                          help="accepted for vLLM's command lines: wick always takes tool_choice 'auto'")
+    frontend.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                          help="split <think> reasoning into reasoning_content")
+    frontend.add_argument("--disable-log-requests", "--no-enable-log-requests", action="store_true",
+                          help="accepted for vLLM's command lines: wick logs no request contents")
+    frontend.add_argument("--uvicorn-log-level", default="info",
+                          choices=["critical", "error", "warning", "info", "debug", "trace"],
+                          help="the HTTP server's log level (its access log is at info)")
+    frontend.add_argument("--i", dest="interactive", action="store_true",
+                          help="chat in the terminal instead of serving (vllm.rs); as `wick chat`")
     add_load_flags(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, system=None)
 
 
 def add_load_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +69,10 @@ def run(args: argparse.Namespace) -> int:
     from wick.entrypoints.openai.api_server import listen, serve
     from wick.mcp.config import load_mcp_config
 
+    if args.interactive:
+        from wick.cli import chat
+
+        return chat.run(args)
     if not 0 <= args.port < 65536:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     limits = LoadLimits(args.max_request_body_bytes, args.max_queued_requests, args.shutdown_timeout)
@@ -80,7 +94,8 @@ def run(args: argparse.Namespace) -> int:
             return asyncio.run(serve(engine, sock, served_model_names=args.served_model_name, api_key=args.api_key,
                                      chat_template=_chat_template(args.chat_template), webui=args.ui,
                                      mcp_servers=mcp_servers, tool_call_parser=args.tool_call_parser,
-                                     reasoning_parser=args.reasoning_parser, limits=limits))
+                                     reasoning_parser=args.reasoning_parser, limits=limits,
+                                     uvicorn_log_level=args.uvicorn_log_level))
         finally:
             engine.shutdown()
     finally:

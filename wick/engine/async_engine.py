@@ -24,6 +24,7 @@ from wick.engine.core_client import CoreClient, CoreDied, CoreEvent, CoreOutputs
 from wick.engine.output_processor import OutputProcessor, child_seed
 from wick.engine.protocol import EngineCoreRequest
 from wick.outputs import RequestOutput
+from wick.sampling_defaults import SamplingDefaults
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
 
@@ -79,6 +80,8 @@ class AsyncEngine:
             source.tokenizer_path or source.path, gguf_file=source.gguf_file,
             trust_remote_code=engine_args.trust_remote_code)
         self.eos_token_ids: list[int] = eos_token_ids(self.tokenizer, config.hf_config)
+        self.sampling_defaults = SamplingDefaults.resolve(source, engine_args.generation_config,
+                                                          engine_args.override_generation_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._lock = threading.Lock()
         self._streams: dict[str, _Stream] = {}

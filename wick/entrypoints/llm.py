@@ -14,6 +14,7 @@ from wick.engine.core import EngineCore
 from wick.engine.output_processor import OutputProcessor, child_seed
 from wick.engine.protocol import EngineCoreRequest
 from wick.outputs import RequestOutput
+from wick.sampling_defaults import SamplingDefaults
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.chat_template import apply_chat_template
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
@@ -39,6 +40,8 @@ class LLM:
             self.tokenizer = get_tokenizer(source.tokenizer_path or source.path, gguf_file=source.gguf_file,
                                            trust_remote_code=self.engine_args.trust_remote_code)
             self.eos_token_ids = eos_token_ids(self.tokenizer, self.config.hf_config)
+        self.sampling_defaults = SamplingDefaults.resolve(source, self.engine_args.generation_config,
+                                                          self.engine_args.override_generation_config)
         self.core = EngineCore(self.config)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
@@ -47,6 +50,12 @@ class LLM:
         if self.tokenizer is None:
             raise ValueError("this model was loaded without a tokenizer: pass prompts as token ids")
         return self.tokenizer
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """The settings of a call that passes none: the model's generation config and the overrides, and
+        max_tokens 16 (SamplingParams' own, as vLLM's) unless they set one."""
+        defaults = self.sampling_defaults
+        return defaults.sampling_params(defaults.max_tokens or SamplingParams().max_tokens)
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -81,7 +90,7 @@ class LLM:
         forced = forced_call(tools, tool_choice)
         parser = ChatOutputParser(tools=resolve_tool_parser(self.tool_call_parser, tokenizer, chat_template),
                                   forced=forced)
-        params = sampling_params if sampling_params is not None else SamplingParams()
+        params = sampling_params if sampling_params is not None else self.get_default_sampling_params()
         params = tool_call_params(params, parser, forced) if isinstance(params, SamplingParams) \
             else [tool_call_params(p, parser, forced) for p in params]
         results = self._run(encoded, params, use_tqdm)
@@ -104,7 +113,7 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None,
              use_tqdm: bool) -> list[RequestOutput]:
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = ([sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams)
                   else list(sampling_params))
         if len(params) != len(prompts):

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from huggingface_hub import constants as hf_constants
-from huggingface_hub import snapshot_download
+from huggingface_hub import hf_hub_download, snapshot_download
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from transformers import AutoConfig, PretrainedConfig
 
@@ -46,15 +47,17 @@ class ModelSource:
     gguf_file: str | None
 
 
-def resolve_model(model: str | None, load_format: str = "auto", tokenizer: str | None = None) -> ModelSource:
+def resolve_model(model: str | None, load_format: str = "auto", tokenizer: str | None = None,
+                  download_dir: str | None = None) -> ModelSource:
     """Find `model`: None (the default SmolLM2 GGUF), a .gguf file, a folder with config.json and
-    safetensors, or a Hugging Face model id (local cache first, then the hub). With
-    `load_format="dummy"`, `model` is a preset name or a config.json file / folder holding one."""
+    safetensors, a Hugging Face model id, or `ORG/REPO/FILE.gguf` (a GGUF file of a hub repo). Hub models
+    come from the local HF cache (or `download_dir`) first, then are downloaded unless `HF_HUB_OFFLINE` is
+    set. With `load_format="dummy"`, `model` is a preset name or a config.json file / folder holding one."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {load_format!r}")
     if load_format == "dummy":
         return _dummy_source(model, tokenizer)
-    source = _weights_source(model, tokenizer)
+    source = _weights_source(model, tokenizer, download_dir)
     if load_format != "auto" and source.kind != load_format:
         raise ValueError(f"{source.path} holds {source.kind} weights, but load_format is {load_format!r}")
     return source
@@ -73,7 +76,12 @@ def default_model_path() -> str:
     )
 
 
-def _weights_source(model: str | None, tokenizer: str | None) -> ModelSource:
+def is_default_model(source: ModelSource) -> bool:
+    """Whether `source` is the default model's GGUF file (named or not)."""
+    return source.gguf_file is not None and Path(source.gguf_file).name == DEFAULT_MODEL_FILE
+
+
+def _weights_source(model: str | None, tokenizer: str | None, download_dir: str | None) -> ModelSource:
     if model is None:
         return _gguf_source(Path(default_model_path()), tokenizer)
     path = Path(model).expanduser()
@@ -83,11 +91,16 @@ def _weights_source(model: str | None, tokenizer: str | None) -> ModelSource:
         return _gguf_source(path, tokenizer)
     if path.is_dir():
         return _safetensors_source(path, tokenizer)
-    return _safetensors_source(_hf_snapshot(model), tokenizer)
+    if model.endswith(".gguf"):
+        parts = model.split("/")
+        if len(parts) < 3:
+            raise ModelNotFoundError(f"no GGUF file {model}; name a local .gguf file or ORG/REPO/FILE.gguf")
+        return _gguf_source(_hf_file("/".join(parts[:2]), "/".join(parts[2:]), download_dir), tokenizer)
+    return _safetensors_source(_hf_snapshot(model, download_dir), tokenizer)
 
 
 def _gguf_source(path: Path, tokenizer: str | None) -> ModelSource:
-    path = path.resolve()
+    path = path.absolute()  # not resolved: a hub snapshot's file is a link to a blob named by its hash
     return ModelSource(kind="gguf", path=str(path), config=config_from_dict(load_gguf_config(str(path))),
                        tokenizer_path=tokenizer or str(path.parent), gguf_file=str(path))
 
@@ -105,10 +118,11 @@ def _safetensors_source(folder: Path, tokenizer: str | None) -> ModelSource:
                        tokenizer_path=tokenizer or str(folder), gguf_file=None)
 
 
-def _hf_snapshot(repo_id: str) -> Path:
+def _hf_snapshot(repo_id: str, download_dir: str | None) -> Path:
     """The snapshot folder of HF model `repo_id`: from the local cache when complete there, else downloaded."""
     try:
-        cached = Path(snapshot_download(repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True))
+        cached = Path(snapshot_download(repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True,
+                                        cache_dir=download_dir))
     except HFValidationError as error:
         raise ModelNotFoundError(
             f"{repo_id!r} is not a local file or folder, nor a valid Hugging Face model id") from error
@@ -116,13 +130,46 @@ def _hf_snapshot(repo_id: str) -> Path:
         cached = None
     if cached is not None and _has_safetensors(cached):
         return cached
+    wanted = f"the safetensors weights of {repo_id!r} ({', '.join(HF_ALLOW_PATTERNS)})"
+    if hf_offline():
+        raise ModelNotFoundError(f"{wanted} are not a local folder and not in the local HF cache "
+                                 f"({download_dir or hf_constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE is set")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HF_ALLOW_PATTERNS))
-    except OSError as error:
+        return Path(snapshot_download(repo_id, allow_patterns=HF_ALLOW_PATTERNS, cache_dir=download_dir))
+    except Exception as error:  # the hub raises many kinds; all mean the model is not to be had
         raise ModelNotFoundError(
-            f"Model {repo_id!r} is not a local file or folder, is not in the local Hugging Face cache "
-            f"({hf_constants.HF_HUB_CACHE}), and could not be downloaded: {error}"
-        ) from error
+            f"{wanted} are not a local folder, not in the local HF cache "
+            f"({download_dir or hf_constants.HF_HUB_CACHE}), and could not be downloaded: "
+            f"{type(error).__name__}: {_first_line(error)}") from error
+
+
+def _hf_file(repo_id: str, filename: str, download_dir: str | None) -> Path:
+    """One file of HF repo `repo_id` (a GGUF file with its repo's config): the cached copy, else downloaded
+    (with a progress bar) unless HF_HUB_OFFLINE is set."""
+    where = f"{filename!r} of the HF repo {repo_id!r}"
+    try:
+        return Path(hf_hub_download(repo_id, filename, cache_dir=download_dir, local_files_only=True))
+    except HFValidationError as error:
+        raise ModelNotFoundError(f"{repo_id!r} is not a valid Hugging Face model id (looking for {where})") \
+            from error
+    except LocalEntryNotFoundError:
+        pass
+    cache = download_dir or hf_constants.HF_HUB_CACHE
+    if hf_offline():
+        raise ModelNotFoundError(f"{where} is not in the local HF cache ({cache}), and HF_HUB_OFFLINE is set")
+    try:
+        return Path(hf_hub_download(repo_id, filename, cache_dir=download_dir))
+    except Exception as error:  # the hub raises many kinds; all mean the file is not to be had
+        raise ModelNotFoundError(f"{where} is not in the local HF cache ({cache}) and could not be downloaded: "
+                                 f"{type(error).__name__}: {_first_line(error)}") from error
+
+
+def hf_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [""])[0]
 
 
 def _dummy_source(model: str | None, tokenizer: str | None) -> ModelSource:

@@ -9,6 +9,9 @@ from typing import Any
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 _TRUE = ("1", "true", "yes", "on")
+# The files a tokenizer is loaded from; a folder with none of them has no tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                    "spiece.model")
 
 
 def get_tokenizer(path: str, gguf_file: str | None = None,
@@ -25,6 +28,9 @@ def get_tokenizer(path: str, gguf_file: str | None = None,
     if gguf_file is not None:
         return _gguf_tokenizer(path, gguf_file)
     if os.path.isdir(path):
+        if not any(os.path.isfile(os.path.join(path, name)) for name in _TOKENIZER_FILES):
+            raise FileNotFoundError(f"no tokenizer in {path} (none of {', '.join(_TOKENIZER_FILES)}); "
+                                    "name one with --tokenizer")
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from wick.sampling_params import SamplingParams, StructuredOutputsParams
-from wick.tools.base import ToolCall, ToolCallDelta, ToolParser
+from wick.tools.base import ToolCall, ToolCallDelta, ToolParser, new_tool_call_id
 from wick.tools.reasoning import ReasoningParser
 from wick.tools.tool_choice import ForcedCall, parse_forced
 
@@ -54,6 +54,9 @@ class ChatOutputParser:
         """End of the output: whatever was held back."""
         if self._forced is not None:
             calls = parse_forced(self._held, self._forced)
+            if not calls and self._forced.function is not None and self._held.lstrip().startswith("{"):
+                # Cut short (max_tokens): the partial call, as OpenAI returns it with finish_reason "length".
+                calls = [ToolCall(new_tool_call_id(), self._forced.function, self._held.strip())]
             if not calls:
                 return ChatDelta(content=self._held) if self._held else None
             return ChatDelta(tool_calls=[ToolCallDelta(i, c.id, c.name, c.arguments) for i, c in enumerate(calls)])

@@ -91,6 +91,41 @@ def forced_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str,
     return ForcedCall(name, schemas[name])
 
 
+def within_budget(forced: ForcedCall, max_tokens: int) -> ForcedCall:
+    """`forced` with a maxLength on each string its schema leaves unbounded, so that the call's object can close
+    within `max_tokens` (a string of n characters takes at most n tokens of ordinary text): the room left after
+    the schema's own keys is shared among those strings. A sampled model then ends its arguments instead of
+    running a string on until max_tokens cuts the call."""
+    schema = json.loads(json.dumps(forced.schema))
+    open_strings: list[dict[str, Any]] = []
+    keys = 0
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        if node.get("type") == "string" and not {"maxLength", "enum", "const", "pattern", "format"} & node.keys():
+            open_strings.append(node)
+        for key in node.get("properties") or {}:
+            keys += len(key) + 4  # the quoted key, its colon and a separator
+        for key in ("properties", "$defs", "definitions"):
+            stack.extend((node.get(key) or {}).values())
+        for key in ("items", "anyOf", "oneOf", "allOf", "additionalProperties", "prefixItems"):
+            if isinstance(node.get(key), dict | list):
+                stack.append(node[key])
+    if not open_strings:
+        return forced
+    room = max_tokens - keys - 8
+    if room < 8 * len(open_strings):
+        return forced  # too little room to bound anything usefully: max_tokens will cut the call
+    for node in open_strings:
+        node["maxLength"] = room // len(open_strings)
+    return ForcedCall(forced.function, schema)
+
+
 def parse_forced(text: str, forced: ForcedCall) -> list[ToolCall]:
     """The calls in an output made under `forced`; empty when it is not one (e.g. cut short by max_tokens)."""
     try:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from wick.config import CPU_KV_CACHE_BYTES, EngineConfig
+from wick.config import CPU_KV_CACHE_MEMORY_SHARE, CPU_KV_CACHE_SEQS, EngineConfig, available_memory_bytes
 from wick.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from wick.distributed.communication import tp_broadcast
 from wick.engine.protocol import TokenLogprobs
@@ -76,19 +76,32 @@ class ModelRunner:
         args = self.config.args
         if args.num_kv_blocks:
             return args.num_kv_blocks
-        if args.kv_cache_memory:
-            budget = args.kv_cache_memory
-        elif self.device.type == "cuda":
-            budget = self._profile_free_gpu_memory()
-        else:
-            budget = CPU_KV_CACHE_BYTES
-        num_blocks = budget // self.kv_bytes_per_block()
         full_len = -(-self.config.max_model_len // self.block_size)
+        if args.kv_cache_memory:
+            num_blocks = args.kv_cache_memory // self.kv_bytes_per_block()
+        elif self.device.type == "cuda":
+            num_blocks = self._profile_free_gpu_memory() // self.kv_bytes_per_block()
+        else:
+            num_blocks = self._cpu_num_blocks(full_len)
         if self.device.type == "cpu":
             num_blocks = min(num_blocks, full_len * self.config.max_num_seqs)
         if num_blocks < 1:
             raise ValueError("no memory is left for the KV cache; lower max_model_len or raise the memory limit")
         return int(num_blocks)
+
+    def _cpu_num_blocks(self, full_len: int) -> int:
+        """Room for CPU_KV_CACHE_SEQS full-length sequences, within a share of the available memory."""
+        per_block = self.kv_bytes_per_block()
+        num_blocks = full_len * CPU_KV_CACHE_SEQS
+        available = available_memory_bytes()
+        if available is not None:
+            num_blocks = min(num_blocks, int(available * CPU_KV_CACHE_MEMORY_SHARE) // per_block)
+        num_blocks = min(num_blocks, full_len * self.config.max_num_seqs)
+        logger.info("KV cache on CPU: %d blocks, %d tokens, %.0f MiB (%d full-length sequences of %d tokens, at most "
+                    "%.0f%% of the available memory; --kv-cache-memory or --mem to choose)", num_blocks,
+                    num_blocks * self.block_size, num_blocks * per_block / 2**20, CPU_KV_CACHE_SEQS,
+                    self.config.max_model_len, CPU_KV_CACHE_MEMORY_SHARE * 100)
+        return num_blocks
 
     def _profile_free_gpu_memory(self) -> int:
         """Free memory for the KV cache after a forward pass of the largest batch the scheduler makes."""

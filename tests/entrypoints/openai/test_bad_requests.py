@@ -171,6 +171,18 @@ def test_tokenize_and_detokenize_round_trip(http: httpx.Client):
     assert http.post("/detokenize", json={"tokens": response["tokens"]}).json()["prompt"] == "Hello world"
 
 
+@pytest.mark.parametrize(("path", "body", "param"), [
+    (COMPLETIONS, '{"prompt": "hi \\ud800 x", "max_tokens": 3}', "prompt"),
+    (CHAT, '{"messages": [{"role": "user", "content": "a\\udc00"}], "max_tokens": 1}', "messages.0.content"),
+    ("/tokenize", '{"prompt": "\\ud83d"}', "prompt"),
+    (COMPLETIONS, '{"prompt": ["ok", "x\\ud800"], "max_tokens": 1}', "prompt.1"),
+])
+def test_a_lone_surrogate_gets_400_naming_the_field(http: httpx.Client, path: str, body: str, param: str):
+    """JSON's \\u escapes can spell half of a UTF-16 pair, which is no text a tokenizer can encode."""
+    response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+    assert "surrogate" in assert_error(response, 400, param)["message"]
+
+
 def test_health_version_and_metrics(http: httpx.Client):
     assert http.get("/version").json()["version"]
     metrics = http.get("/metrics")
@@ -181,3 +193,5 @@ def test_health_version_and_metrics(http: httpx.Client):
                  "wick:time_to_first_token_seconds_bucket", "wick:time_per_output_token_seconds_bucket",
                  "wick:e2e_request_latency_seconds_count"):
         assert name in metrics.text, name
+        assert name.replace("wick:", "vllm:") in metrics.text, name
+    assert http.get("/ping").status_code == http.post("/ping").status_code == 200

@@ -121,12 +121,16 @@ def test_stop_string_spanning_two_tokens(client: openai.OpenAI):
     for stream in (False, True):
         kwargs = {"model": "", "prompt": prompt, "max_tokens": 16, "stop": [stop], **GREEDY}
         if stream:
-            text = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kwargs))
+            chunks = list(client.completions.create(stream=True, **kwargs))
+            text = "".join(c.choices[0].text for c in chunks)
+            assert chunks[-1].choices[0].stop_reason == stop
         else:
             response = client.completions.create(**kwargs)
             text = response.choices[0].text
-            assert response.choices[0].finish_reason == "stop"
+            assert response.choices[0].finish_reason == "stop" and response.choices[0].stop_reason == stop
         assert text == expected
+    length = client.completions.create(model="", prompt=prompt, max_tokens=2, **GREEDY, **FIXED_LENGTH)
+    assert length.choices[0].finish_reason == "length" and length.choices[0].stop_reason is None
 
 
 def test_chat_logprobs(client: openai.OpenAI):

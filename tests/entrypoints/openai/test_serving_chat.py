@@ -29,20 +29,23 @@ class _ReplayEngine:
     tokenizer = None
     max_model_len = 4096
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, finish_reason: str = "stop") -> None:
         self.text = text
+        self.finish_reason = finish_reason
 
     async def generate(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[RequestOutput]:
         for end in range(1, len(self.text) + 1):
             done = end == len(self.text)
-            sample = CompletionOutput(0, self.text[:end], list(range(end)), finish_reason="stop" if done else None)
+            sample = CompletionOutput(0, self.text[:end], list(range(end)),
+                                      finish_reason=self.finish_reason if done else None)
             yield RequestOutput(request_id, prompt, prompt_token_ids, [sample], finished=done)
 
 
-def _serve(text: str, parser: ChatOutputParser, reasoning: bool) -> tuple[dict, dict]:
+def _serve(text: str, parser: ChatOutputParser, reasoning: bool,
+           finish_reason: str = "stop") -> tuple[dict, dict]:
     """(the non-streamed message and finish reason, the streamed deltas summed up) for an output `text`."""
-    chat = ServingChat(_ReplayEngine(text), ServingModels(["m"], "m", 4096))  # type: ignore[arg-type]
+    chat = ServingChat(_ReplayEngine(text, finish_reason), ServingModels(["m"], "m", 4096))  # type: ignore[arg-type]
     call = ChatCall("chatcmpl-1", "prompt", [1], SamplingParams(), ChatParsing(None, parser, True, reasoning))
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], stream=True)
 
@@ -114,3 +117,13 @@ def test_forced_calls_are_parsed_streamed_or_whole() -> None:
     assert locations == ["Paris", "Rome"] and whole["message"]["content"] is None
     assert [json.loads(c["arguments"])["location"] for c in streamed["tool_calls"].values()] == locations
     assert whole["finish_reason"] == streamed["finish_reason"] == "tool_calls"
+
+
+def test_a_named_call_cut_by_max_tokens_is_a_partial_call_with_finish_reason_length() -> None:
+    forced = forced_call(TOOLS, {"type": "function", "function": {"name": "get_weather"}})
+    partial = '{"location": "Paris, the capital of Fr'
+    whole, streamed = _serve(partial, ChatOutputParser(forced=forced), False, finish_reason="length")
+    [call] = whole["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": partial} and not whole["message"]["content"]
+    assert [(c["name"], c["arguments"]) for c in streamed["tool_calls"].values()] == [("get_weather", partial)]
+    assert whole["finish_reason"] == streamed["finish_reason"] == "length"

@@ -396,6 +396,18 @@ def test_a_network_failure_is_shown_and_the_page_stays_usable(server: UiServer, 
     assert not answer.find_element(By.CSS_SELECTOR, ".error").is_displayed()
 
 
+def test_the_model_menu_shows_the_whole_name(server: UiServer, browser: Chrome) -> None:
+    """"SmolLM2-135M-Instruct.Q4_1": the ".Q4_1" was cut at desktop width."""
+    open_page(browser, server)
+    select = browser.find_element(By.ID, "model-select")
+    needed = browser.execute_script(
+        "const s = arguments[0], style = getComputedStyle(s), c = document.createElement('canvas').getContext('2d');"
+        "c.font = style.font; return c.measureText(s.value).width + parseFloat(style.paddingLeft)"
+        " + parseFloat(style.paddingRight);", select)
+    assert select.get_attribute("value").endswith(".Q4_1")
+    assert select.size["width"] >= needed + 16, (select.size, needed)  # and the menu's arrow
+
+
 def test_every_control_is_labelled(server: UiServer, browser: Chrome) -> None:
     open_page(browser, server)
     unlabelled = browser.execute_script("""

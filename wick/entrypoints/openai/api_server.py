@@ -32,6 +32,7 @@ from wick.entrypoints.openai.errors import (
     engine_dead,
     from_validation_errors,
     install_exception_handlers,
+    lone_surrogate,
     shutting_down,
 )
 from wick.entrypoints.openai.load_limits import LoadLimits
@@ -80,6 +81,10 @@ async def parse_body(request: Request, model: type[M]) -> M:
         raise bad_request("the body is not valid JSON (or nests too deep, or holds a number too long)") from e
     if _depth(data) > MAX_JSON_DEPTH:
         raise bad_request(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
+    where = lone_surrogate(data)
+    if where is not None:
+        raise bad_request(f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff "
+                          "without its pair), which is not text", where or None)
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -148,6 +153,11 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
         if admission.draining:
             raise shutting_down()
         return Response(status_code=200)
+
+    @router.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        """vLLM's (and SageMaker's) liveness route: /health under another name."""
+        return await health()
 
     @router.get("/version")
     async def version() -> dict[str, str]:
@@ -284,7 +294,8 @@ def listen(host: str, port: int) -> socket.socket:
 async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names: list[str] | None = None,
                 api_key: str | None = None, chat_template: str | None = None, webui: bool = False,
                 mcp_servers: dict[str, ServerConfig] | None = None, tool_call_parser: str | None = None,
-                reasoning_parser: str | None = None, limits: LoadLimits = DEFAULT_LIMITS) -> int:
+                reasoning_parser: str | None = None, limits: LoadLimits = DEFAULT_LIMITS,
+                uvicorn_log_level: str = "info") -> int:
     """Serves until SIGINT / SIGTERM or the engine core's death. Returns the exit code: 0 after a drain,
     1 when the engine died, 128 + the signal's number when a second signal cut the drain short."""
     host, port = sock.getsockname()[:2]
@@ -296,7 +307,8 @@ async def serve(engine: AsyncEngine, sock: socket.socket, *, served_model_names:
     app = build_app(engine, served_model_names=served_model_names, api_key=api_key, chat_template=chat_template,
                     on_engine_dead=stop, webui=webui, mcp_servers=mcp_servers, tool_call_parser=tool_call_parser,
                     reasoning_parser=reasoning_parser, limits=limits)
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
+    config = uvicorn.Config(app, log_config=None, log_level=uvicorn_log_level,
+                            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S)
     banner = f"serving {', '.join(served_model_names or [engine.model_name])} (engine core pid " \
              f"{engine.client.process.pid})"
     server = _Server(config, url, banner, engine, app.state.admission, limits.shutdown_timeout)

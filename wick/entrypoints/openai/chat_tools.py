@@ -16,7 +16,7 @@ from wick.sampling_params import StructuredOutputsParams
 from wick.tools.base import ToolCall, ToolParser
 from wick.tools.chat_output import ChatDelta, ChatMessageParts, ChatOutputParser
 from wick.tools.reasoning import CLOSE, OPEN, ReasoningParser
-from wick.tools.tool_choice import forced_call, function_schemas
+from wick.tools.tool_choice import forced_call, function_schemas, within_budget
 
 
 @dataclass
@@ -31,13 +31,16 @@ class ChatParsing:
 
 def chat_parsing(request: ChatCompletionRequest, tool_parser: type[ToolParser] | None,
                  reasoning_parser: type[ReasoningParser] | None, tokenizer: PreTrainedTokenizerBase,
-                 prompt_token_ids: list[int]) -> ChatParsing:
+                 prompt_token_ids: list[int], max_tokens: int | None = None) -> ChatParsing:
+    """`max_tokens`: the request's budget, within which a forced call's strings are bounded (within_budget)."""
     choice = request.tool_choice.model_dump() if isinstance(request.tool_choice, NamedToolChoice) \
         else request.tool_choice
     try:
         if request.tools:
             function_schemas(request.tools)
         forced = forced_call(request.tools, choice, request.parallel_tool_calls)
+        if forced is not None and max_tokens is not None:
+            forced = within_budget(forced, max_tokens)
     except ValueError as e:
         raise bad_request(str(e), str(e).split(":", 1)[0]) from e
     constraint = structured_outputs(request, forced)

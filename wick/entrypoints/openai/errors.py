@@ -3,6 +3,7 @@ server can meet: no pydantic trace and no traceback ever reaches a client."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
@@ -14,6 +15,7 @@ from starlette.exceptions import HTTPException
 
 from wick.engine.async_engine import EngineDeadError
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 429: "server_overloaded",
           503: "engine_unavailable"}
 _TYPES = {429: "server_overloaded"}
@@ -76,6 +78,26 @@ def from_validation_errors(errors: Sequence[dict[str, Any]]) -> OpenAIError:
     if len(errors) > _MAX_SHOWN:
         parts.append(f"and {len(errors) - _MAX_SHOWN} more errors")
     return bad_request("; ".join(parts), params[0] if params and params[0] else None)
+
+
+def lone_surrogate(data: Any) -> str | None:
+    """The path (`messages.0.content`) of the first string in JSON data holding a lone UTF-16 surrogate, which
+    JSON's escapes allow and no tokenizer can encode; "" for a key; None when there is none."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, str):
+            if _SURROGATE.search(value):
+                return path
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                child = f"{path}.{key}" if path else str(key)
+                if _SURROGATE.search(key):
+                    return child
+                stack.append((item, child))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(value))
+    return None
 
 
 def _field_path(loc: Sequence[Any]) -> str:

@@ -1,4 +1,5 @@
-"""GET /metrics: Prometheus text with vLLM's metric names under a `wick:` prefix.
+"""GET /metrics: Prometheus text with vLLM's metric names, each series twice: under a `wick:` prefix and under
+vLLM's own `vllm:`, so that dashboards made for vLLM work unchanged.
 
 Gauges and counters are read from the engine's stats at scrape time; the latency histograms are fed
 from the engine's records of finished requests, collected at each scrape and by `collect_latencies`,
@@ -22,17 +23,18 @@ _TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 
 _E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                 480.0, 960.0, 1920.0, 7680.0)
 
-# (metric name, help, key in the engine's stats, kind)
+PREFIXES = ("wick:", "vllm:")
+# (metric name without its prefix, help, key in the engine's stats, kind)
 _ENGINE_METRICS = (
-    ("wick:num_requests_running", "Requests in the running batch.", "num_running", "gauge"),
-    ("wick:num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting", "gauge"),
-    ("wick:kv_cache_usage_perc", "Share of KV cache blocks in use, from 0 to 1.", "kv_cache_usage", "gauge"),
-    ("wick:num_preemptions", "Preemptions of running requests.", "num_preemptions", "counter"),
-    ("wick:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries",
+    ("num_requests_running", "Requests in the running batch.", "num_running", "gauge"),
+    ("num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting", "gauge"),
+    ("kv_cache_usage_perc", "Share of KV cache blocks in use, from 0 to 1.", "kv_cache_usage", "gauge"),
+    ("num_preemptions", "Preemptions of running requests.", "num_preemptions", "counter"),
+    ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queries",
      "counter"),
-    ("wick:prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits", "counter"),
-    ("wick:prompt_tokens", "Prompt tokens of requests that produced a token.", "prompt_tokens", "counter"),
-    ("wick:generation_tokens", "Generated tokens.", "generation_tokens", "counter"),
+    ("prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hits", "counter"),
+    ("prompt_tokens", "Prompt tokens of requests that produced a token.", "prompt_tokens", "counter"),
+    ("generation_tokens", "Generated tokens.", "generation_tokens", "counter"),
 )
 
 
@@ -47,7 +49,8 @@ class _EngineCollector:
         for name, documentation, key, kind in _ENGINE_METRICS:
             value = float(stats.get(key, 0) or 0)
             family = GaugeMetricFamily if kind == "gauge" else CounterMetricFamily
-            yield family(name, documentation, value=value)
+            for prefix in PREFIXES:
+                yield family(prefix + name, documentation, value=value)
 
 
 class _AdmissionCollector:
@@ -76,20 +79,25 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineCollector(lambda: engine.stats))
         self.registry.register(_AdmissionCollector(admission))
-        self.ttft = Histogram("wick:time_to_first_token_seconds", "Time to the first generated token.",
-                              buckets=_TTFT_BUCKETS, registry=self.registry)
-        self.tpot = Histogram("wick:time_per_output_token_seconds", "Time per generated token after the first.",
-                              buckets=_TPOT_BUCKETS, registry=self.registry)
-        self.e2e_latency = Histogram("wick:e2e_request_latency_seconds", "Time from arrival to the last token.",
-                                     buckets=_E2E_BUCKETS, registry=self.registry)
+
+        def histograms(name: str, documentation: str, buckets: tuple[float, ...]) -> list[Histogram]:
+            return [Histogram(prefix + name, documentation, buckets=buckets, registry=self.registry)
+                    for prefix in PREFIXES]
+
+        self.ttft = histograms("time_to_first_token_seconds", "Time to the first generated token.", _TTFT_BUCKETS)
+        self.tpot = histograms("time_per_output_token_seconds", "Time per generated token after the first.",
+                               _TPOT_BUCKETS)
+        self.e2e_latency = histograms("e2e_request_latency_seconds", "Time from arrival to the last token.",
+                                      _E2E_BUCKETS)
 
     def collect_latencies(self) -> None:
         for record in self._engine.take_finished_metrics():
-            self.e2e_latency.observe(record.e2e_latency)
-            if record.time_to_first_token is not None:
-                self.ttft.observe(record.time_to_first_token)
-            if record.time_per_output_token is not None:
-                self.tpot.observe(record.time_per_output_token)
+            for histogram in self.e2e_latency:
+                histogram.observe(record.e2e_latency)
+            for histogram in self.ttft if record.time_to_first_token is not None else ():
+                histogram.observe(record.time_to_first_token)
+            for histogram in self.tpot if record.time_per_output_token is not None else ():
+                histogram.observe(record.time_per_output_token)
 
     def render(self) -> tuple[bytes, str]:
         self.collect_latencies()

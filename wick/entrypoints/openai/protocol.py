@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
+from wick.sampling_defaults import SamplingDefaults
 from wick.sampling_params import SamplingParams, StructuredOutputsParams
 
 # Bounds that keep absurd values out before they reach the engine.
@@ -136,17 +137,17 @@ class SamplingRequest(OpenAIModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None = None,
-                        structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
-        """Raises ValueError (naming the field) for settings SamplingParams refuses."""
-        defaults = SamplingParams()
-        pick = lambda value, default: default if value is None else value
+                        structured_outputs: StructuredOutputsParams | None = None,
+                        defaults: SamplingDefaults | None = None) -> SamplingParams:
+        """Raises ValueError (naming the field) for settings SamplingParams refuses. A field the request
+        leaves out takes its value from `defaults` (the model's generation config and the server's flags)."""
+        pick = (defaults or SamplingDefaults()).pick
         return SamplingParams(
-            n=self.n, temperature=pick(self.temperature, defaults.temperature),
-            top_p=pick(self.top_p, defaults.top_p), top_k=pick(self.top_k, defaults.top_k),
-            min_p=pick(self.min_p, defaults.min_p),
-            presence_penalty=pick(self.presence_penalty, defaults.presence_penalty),
-            frequency_penalty=pick(self.frequency_penalty, defaults.frequency_penalty),
-            repetition_penalty=pick(self.repetition_penalty, defaults.repetition_penalty),
+            n=self.n, temperature=pick("temperature", self.temperature), top_p=pick("top_p", self.top_p),
+            top_k=pick("top_k", self.top_k), min_p=pick("min_p", self.min_p),
+            presence_penalty=pick("presence_penalty", self.presence_penalty),
+            frequency_penalty=pick("frequency_penalty", self.frequency_penalty),
+            repetition_penalty=pick("repetition_penalty", self.repetition_penalty),
             seed=self.seed, max_tokens=max_tokens, min_tokens=self.min_tokens, stop=self.stop,
             stop_token_ids=self.stop_token_ids, ignore_eos=self.ignore_eos, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs, skip_special_tokens=self.skip_special_tokens,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from wick.sampling_params import SamplingParams
 from wick.tools.base import ToolParser
 from wick.tools.chat_output import ChatMessageParts, ChatOutputParser
 from wick.tools.reasoning import ReasoningParser
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from wick.entrypoints.openai.serving_mcp import McpChat
@@ -65,6 +68,7 @@ class ServingChat(OpenAIServing):
         self.reasoning_parser = reasoning_parser
         # MCP tools (--mcp-config): set by build_app; the requests it takes run their tool rounds in serving_mcp.py.
         self.mcp: McpChat | None = None
+        self._template_renders_tools: bool | None = None
 
     async def create(self, request: ChatCompletionRequest, raw_request: Request) -> Response:
         if self.mcp is not None and self.mcp.offers(request):
@@ -90,11 +94,28 @@ class ServingChat(OpenAIServing):
             messages, request.tools, request.add_generation_prompt, request.continue_final_message,
             request.chat_template_kwargs)
         max_tokens = self.max_tokens(request, len(prompt_token_ids), "messages")
-        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser, self.tokenizer, prompt_token_ids)
+        if request.tools and request.tool_choice in (None, "auto"):
+            self._check_template_renders_tools()
+        parsing = chat_parsing(request, self.tool_parser, self.reasoning_parser, self.tokenizer, prompt_token_ids,
+                               max_tokens)
         params = self.sampling_params(lambda: request.sampling_params(
-            max_tokens, request.num_logprobs, structured_outputs=parsing.structured_outputs).clone(
+            max_tokens, request.num_logprobs, structured_outputs=parsing.structured_outputs,
+            defaults=self.engine.sampling_defaults).clone(
             skip_special_tokens=parsing.skip_special_tokens))
         return ChatCall(random_id("chatcmpl"), prompt, prompt_token_ids, params, parsing)
+
+    def _check_template_renders_tools(self) -> None:
+        """Warns once when the chat template leaves `tools` out of the prompt (SmolLM2's does): with tool_choice
+        "auto" the model is then offered no tools and answers in content."""
+        if self._template_renders_tools is None:
+            probe = "wick_probe_tool"
+            tools = [{"type": "function", "function": {"name": probe, "parameters": {"type": "object"}}}]
+            text, _ = self.render_chat([{"role": "user", "content": "hi"}], tools, True, False, None)
+            self._template_renders_tools = probe in text
+            if not self._template_renders_tools:
+                logger.warning("the chat template does not show `tools` to the model: requests with tool_choice "
+                               "'auto' get answers without tool calls (give --chat-template one that renders "
+                               "tools, or use tool_choice 'required' or a named function, which are enforced)")
 
     async def run(self, call: ChatCall) -> tuple[RequestOutput, list[ChatChoice]]:
         """Runs one model call to its end; returns its output and each choice's parsed assistant message."""
@@ -105,7 +126,7 @@ class ServingChat(OpenAIServing):
                 parts = ChatMessageParts(None, output.text, [])
             else:
                 parts = call.parsing.parser.extract(output.text)
-            finish_reason = "tool_calls" if parts.tool_calls else output.finish_reason
+            finish_reason = _finish_reason(output.finish_reason, bool(parts.tool_calls))
             choices.append(ChatChoice(output, message(parts, call.parsing.reasoning), finish_reason))
         return final, choices
 
@@ -116,6 +137,7 @@ class ServingChat(OpenAIServing):
             "message": choice.message,
             "logprobs": self._logprobs(request, choice.output, range(len(choice.output.token_ids))),
             "finish_reason": choice.finish_reason,
+            "stop_reason": choice.output.stop_reason,
         } for choice in choices]
         num_generated = sum(len(o.token_ids) for o in final.outputs)
         return {**header, "choices": body, "usage": usage(len(final.prompt_token_ids), num_generated)}
@@ -160,9 +182,10 @@ class ServingChat(OpenAIServing):
                   for i, delta in enumerate(updates)]
         if sample.finished:
             cursor.finished = True
-            finish_reason = "tool_calls" if choice.num_tool_calls else sample.finish_reason
+            finish_reason = _finish_reason(sample.finish_reason, bool(choice.num_tool_calls))
             chunks.append(sse({**header, "choices": [{"index": sample.index, "delta": {}, "logprobs": None,
-                                                      "finish_reason": finish_reason}]}))
+                                                      "finish_reason": finish_reason,
+                                                      "stop_reason": sample.stop_reason}]}))
         return chunks
 
     def _logprobs(self, request: ChatCompletionRequest, sample: CompletionOutput,
@@ -204,6 +227,12 @@ class _StreamChoice:
                 self.num_tool_calls += len(piece.tool_calls)
                 result.extend(deltas(piece))
         return result
+
+
+def _finish_reason(reason: str | None, has_tool_calls: bool) -> str | None:
+    """"tool_calls" when the output made calls, but "length" when max_tokens cut it (the last call may be partial),
+    as OpenAI reports it."""
+    return "tool_calls" if has_tool_calls and reason != "length" else reason
 
 
 async def _last(outputs: AsyncIterator[RequestOutput]) -> RequestOutput:

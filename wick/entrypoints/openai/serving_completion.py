@@ -47,8 +47,8 @@ class ServingCompletion(OpenAIServing):
         streams = []
         for i, prompt in enumerate(prompts):
             max_tokens = self.max_tokens(request, len(prompt.token_ids), "prompt")
-            params = self.sampling_params(lambda m=max_tokens: request.sampling_params(m, request.logprobs,
-                                                                                       echo_logprobs, constraint))
+            params = self.sampling_params(lambda m=max_tokens: request.sampling_params(
+                m, request.logprobs, echo_logprobs, constraint, self.engine.sampling_defaults))
             streams.append(self.generate(f"{request_id}-{i}", prompt.text, prompt.token_ids, params))
         outputs = merge(streams)
         if request.stream:
@@ -79,7 +79,8 @@ class ServingCompletion(OpenAIServing):
                 if request.echo and logprobs is not None:
                     logprobs = _join(self._prompt_logprobs(request, prompt, final), logprobs)
                 choices.append({"index": prompt_index * request.n + sample.index, "text": echoed + sample.text,
-                                "logprobs": logprobs, "finish_reason": sample.finish_reason})
+                                "logprobs": logprobs, "finish_reason": sample.finish_reason,
+                                "stop_reason": sample.stop_reason})
         num_prompt = sum(len(p.token_ids) for p in prompts)
         num_generated = sum(len(s.token_ids) for f in finals for s in f.outputs)
         return {**header, "choices": choices, "usage": usage(num_prompt, num_generated)}
@@ -130,14 +131,15 @@ class ServingCompletion(OpenAIServing):
             chunks.append(self._chunk(header, index, text, logprobs, None))
         if sample.finished:
             cursor.finished = True
-            chunks.append(self._chunk(header, index, "", None, sample.finish_reason))
+            chunks.append(self._chunk(header, index, "", None, sample.finish_reason, sample.stop_reason))
         return chunks
 
     @staticmethod
     def _chunk(header: dict[str, Any], index: int, text: str, logprobs: dict[str, Any] | None,
-               finish_reason: str | None) -> str:
+               finish_reason: str | None, stop_reason: int | str | None = None) -> str:
+        """`stop_reason` (vLLM's): the stop string or stop token id that ended the choice; None for EOS or length."""
         return sse({**header, "choices": [{"index": index, "text": text, "logprobs": logprobs,
-                                           "finish_reason": finish_reason}]})
+                                           "finish_reason": finish_reason, "stop_reason": stop_reason}]})
 
     def _sample_logprobs(self, request: CompletionRequest, sample: CompletionOutput, positions: range,
                          offset: int) -> dict[str, Any] | None:

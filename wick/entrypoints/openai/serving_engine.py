@@ -118,7 +118,8 @@ class OpenAIServing:
                 raise bad_request(f"token id {token_id} is outside the vocabulary [0, {vocab_size})", param)
 
     def max_tokens(self, request: SamplingRequest, num_prompt_tokens: int, prompt_param: str) -> int:
-        """The requested max_tokens, or all the room the context leaves; 400 when the prompt does not fit."""
+        """The requested max_tokens, or the default (bounded by the room the context leaves); 400 when the prompt
+        does not fit."""
         max_model_len = self.engine.max_model_len
         room = max_model_len - num_prompt_tokens
         if room < 1:
@@ -126,7 +127,7 @@ class OpenAIServing:
                               f"{max_model_len} tokens including at least one to generate", prompt_param)
         requested = request.requested_max_tokens
         if requested is None:
-            return room
+            return self.engine.sampling_defaults.max_tokens_for(room, max_model_len)
         if requested > room:
             raise bad_request(f"the prompt has {num_prompt_tokens} tokens and max_tokens is {requested}: "
                               f"together more than this model's context of {max_model_len} tokens", "max_tokens")

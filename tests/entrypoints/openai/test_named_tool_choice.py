@@ -1,0 +1,25 @@
+"""Issue 16: "What's the weather in Paris?" with a named tool_choice on the default model, sampled at temperature 1
+within 120 tokens, gave the JSON in content and no call. The grammar now bounds the arguments' strings to the
+budget, so every sample ends its call."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from weather_tool import QUESTION, TOOLS, WEATHER
+
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_sampled_named_call_closes_within_max_tokens(client: openai.OpenAI, seed: int):
+    response = client.chat.completions.create(model="", messages=QUESTION, tools=TOOLS, tool_choice=NAMED,
+                                              temperature=1.0, max_tokens=120, seed=seed)
+    choice = response.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and not choice.message.content
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
