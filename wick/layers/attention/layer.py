@@ -12,15 +12,18 @@ class Attention(nn.Module):
     """q [T, H*D], k and v [T, Hkv*D] -> [T, H*D].
 
     k_cache and v_cache ([num_blocks, block_size, Hkv, D]) are assigned by the model runner once
-    it has allocated the KV cache.
+    it has allocated the KV cache. sliding_window and logits_soft_cap: see AttentionBackend.forward.
     """
 
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
 
@@ -34,5 +37,7 @@ class Attention(nn.Module):
             self.v_cache,
             context.attn_metadata,
             self.scale,
+            sliding_window=self.sliding_window,
+            logits_soft_cap=self.logits_soft_cap,
         )
         return out.view(-1, self.num_heads * self.head_dim)

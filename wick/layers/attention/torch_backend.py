@@ -19,6 +19,8 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         write = metadata.slot_mapping >= 0
@@ -37,12 +39,20 @@ class TorchAttentionBackend(AttentionBackend):
             values = v_cache[blocks].flatten(0, 1)[:seq_len].repeat_interleave(group, dim=1)
             # query j sits at position seq_len - query_len + j and sees keys up to there
             query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device) <= query_pos[:, None]
-            out[start:end] = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1),
-                keys.transpose(0, 1),
-                values.transpose(0, 1),
-                attn_mask=mask,
-                scale=scale,
-            ).transpose(0, 1)
+            key_pos = torch.arange(seq_len, device=q.device)
+            mask = key_pos <= query_pos[:, None]
+            if sliding_window is not None:
+                mask &= key_pos > query_pos[:, None] - sliding_window
+            out[start:end] = _attend(q[start:end].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                                     mask, scale, logits_soft_cap).transpose(0, 1)
         return out
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+            soft_cap: float | None) -> torch.Tensor:
+    if soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = soft_cap * torch.tanh(scores / soft_cap)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return torch.matmul(probs.to(v.dtype), v)
