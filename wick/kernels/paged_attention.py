@@ -270,7 +270,8 @@ def paged_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, REQ_CHUNK=min(128, triton.next_power_of_2(num_reqs)),
-        SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap), DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
     if split:
