@@ -49,12 +49,18 @@ def copy_bandwidth(num_bytes: int = 2 << 30, repeats: int = 10) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one forward pass must read: every parameter once (the embedding table only sparsely)."""
+    """Bytes a one-token forward pass must read: every parameter once (the embedding table only sparsely),
+    of each mixture-of-experts layer only the top-k experts a token is routed to."""
+    from wick.layers.moe.fused_moe import FusedMoE
+
+    expert_share = {f"{name}.{p}": module.spec.top_k / module.spec.num_experts
+                    for name, module in model.named_modules() if isinstance(module, FusedMoE)
+                    for p in ("w13_weight", "w2_weight")}
     total = 0
     for name, param in model.named_parameters():
         if "embed_tokens" in name and not model.config.tie_word_embeddings:
             continue
-        total += param.numel() * param.element_size()
+        total += int(param.numel() * param.element_size() * expert_share.get(name, 1.0))
     return total
 
 
