@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 
 import torch
@@ -65,11 +66,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    from wick.layers.attention.layer import Attention
-
-    layers = [m for m in model.modules() if isinstance(m, Attention)]
     elem = next(model.parameters()).element_size()
-    return sum(2 * m.num_kv_heads * m.head_dim * elem for m in layers)
+    return sum(elem * math.prod(shape) for m in model.modules() if hasattr(m, "kv_cache_shapes")
+               for shape in m.kv_cache_shapes(1, 1))
 
 
 def print_environment() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV3Config,
     Gemma2Config,
     Gemma3TextConfig,
     Glm4Config,
@@ -48,6 +50,16 @@ _GEMMA = dict(
     hidden_activation="gelu_pytorch_tanh",
 )
 
+_MLA = dict(
+    {**_COMMON, "num_key_value_heads": 4},
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=24,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
+)
+
 
 def hf_configs() -> dict[str, PretrainedConfig]:
     llama3_rope = {
@@ -86,6 +98,15 @@ def hf_configs() -> dict[str, PretrainedConfig]:
                                     shared_expert_intermediate_size=96, mlp_only_layers=[1]),
         "qwen3_moe": Qwen3MoeConfig(**_COMMON, head_dim=32, num_experts=8, num_experts_per_tok=3,
                                     moe_intermediate_size=32, norm_topk_prob=True),
+        "deepseek_v2": DeepseekV2Config(**_MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=3,
+                                        n_shared_experts=1, topk_method="group_limited_greedy", n_group=4,
+                                        topk_group=2, routed_scaling_factor=1.5, rope_parameters={
+                                            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 64, "beta_fast": 32,
+                                            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}),
+        "deepseek_v3": DeepseekV3Config(**_MLA, q_lora_rank=48, n_routed_experts=8, num_experts_per_tok=3,
+                                        n_shared_experts=1, n_group=4, topk_group=2, norm_topk_prob=True,
+                                        routed_scaling_factor=2.5),
     }
 
 

@@ -16,8 +16,9 @@ from wick import LLM, SamplingParams
 pytestmark = pytest.mark.slow
 
 NEW_TOKENS = 12
-# sliding windows of 8 keys (gemma2), routed and shared experts (qwen2_moe), Mixtral's checkpoint names
-FAMILIES = ["gemma2", "qwen2_moe", "mixtral"]
+# sliding windows of 8 keys (gemma2), routed and shared experts (qwen2_moe), Mixtral's checkpoint names,
+# MLA's compressed cache (deepseek_v3)
+FAMILIES = ["gemma2", "qwen2_moe", "mixtral", "deepseek_v3"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

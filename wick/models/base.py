@@ -30,7 +30,7 @@ from wick.models.blocks import (
 from wick.models.config import ModelConfig
 
 # checkpoint projection -> (our merged parameter, its shard id)
-_STACKED_PARAMS = {
+STACKED_PARAMS: dict[str, tuple[str, Any]] = {
     "q_proj": ("qkv_proj", "q"),
     "k_proj": ("qkv_proj", "k"),
     "v_proj": ("qkv_proj", "v"),
@@ -50,6 +50,7 @@ class DecoderForCausalLM(nn.Module):
     qk_norm: type[nn.Module] | None = None
     embed_scale: bool = False
     shared_expert_name: str = "shared_expert"
+    stacked_params: dict[str, tuple[str, Any]] = STACKED_PARAMS
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
@@ -100,7 +101,7 @@ class DecoderForCausalLM(nn.Module):
                 continue
             if self.cfg.tie_word_embeddings and name == "lm_head.weight":
                 continue
-            name, shard_id = _our_name(name)
+            name, shard_id = _our_name(name, self.stacked_params)
             if name not in params:
                 raise KeyError(f"checkpoint tensor {checkpoint_name!r} has no parameter in {type(self).__name__}")
             param = params[name]
@@ -112,7 +113,7 @@ class DecoderForCausalLM(nn.Module):
         return loaded
 
 
-def _our_name(name: str) -> tuple[str, Any]:
+def _our_name(name: str, stacked_params: dict[str, tuple[str, Any]]) -> tuple[str, Any]:
     """(our parameter name, the shard id its weight loader takes) of a checkpoint name."""
     match = _EXPERT.search(name)
     if match:
@@ -124,8 +125,8 @@ def _our_name(name: str) -> tuple[str, Any]:
         if name.endswith(suffix):
             return f"{name[:-len(suffix)]}experts.{ours}", (kind, None)
     parts = name.split(".")
-    if len(parts) > 2 and parts[-2] in _STACKED_PARAMS:
-        parts[-2], shard_id = _STACKED_PARAMS[parts[-2]]
+    if len(parts) > 2 and parts[-2] in stacked_params:
+        parts[-2], shard_id = stacked_params[parts[-2]]
         return ".".join(parts), shard_id
     return name, None
 

@@ -185,7 +185,7 @@ def _moe_spec(config: PretrainedConfig) -> MoeSpec | None:
 
 
 def _moe_layers(config: PretrainedConfig, num_layers: int) -> list[bool]:
-    step = getattr(config, "decoder_sparse_step", None) or 1
+    step = getattr(config, "decoder_sparse_step", None) or getattr(config, "moe_layer_freq", None) or 1
     dense = set(getattr(config, "mlp_only_layers", None) or [])
     first_dense = getattr(config, "first_k_dense_replace", None) or 0
     return [i not in dense and (i + 1) % step == 0 and i >= first_dense for i in range(num_layers)]
