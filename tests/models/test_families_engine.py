@@ -51,3 +51,13 @@ def test_engine_matches_hf_chunked_preempted_and_cached(
     again = llm.generate(prompts[1:3], params)
     assert [o.outputs[0].token_ids for o in again] == expected[1:3]
     assert llm.core.kv_cache_manager.prefix_cache_hits > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_on_cuda_matches_hf(model_and_reference: tuple[str, list[list[int]], list[list[int]]]) -> None:
+    """fp32 on the GPU: the fused MoE kernel, the Triton attention kernel's windows and soft-cap, CUDA graphs."""
+    folder, prompts, expected = model_and_reference
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    llm = LLM(folder, device="cuda", dtype="float32", attention_backend="triton", block_size=16, max_num_seqs=4)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected

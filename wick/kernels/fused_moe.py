@@ -72,7 +72,9 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     flat = topk_ids.flatten().to(torch.int64)
     num_pairs = flat.numel()
     max_blocks = num_pairs // block_m + min(num_pairs, num_experts)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # not bincount: on CUDA it syncs with the host, which a CUDA graph capture cannot
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat,
+                                                                                        torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = padded.cumsum(0)
     order = flat.argsort(stable=True)
