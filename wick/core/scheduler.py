@@ -177,6 +177,7 @@ class Scheduler:
                 continue
             request.num_computed_tokens = item.start + item.num_new_tokens
             self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            self.kv_cache_manager.free_out_of_window(request)
             if not item.samples:
                 continue
             request.append_output_token(sampled_token_ids[request.request_id])

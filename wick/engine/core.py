@@ -12,6 +12,7 @@ from wick.core.kv_cache_manager import KVCacheManager
 from wick.core.scheduler import Scheduler
 from wick.core.structured_output import StructuredOutputManager
 from wick.engine.request import Request, RequestStatus
+from wick.models.config import common_window
 from wick.sampling_params import SamplingParams
 from wick.worker.model_runner import ModelRunner, TokenLogprobs
 
@@ -48,7 +49,8 @@ class EngineCore:
         tokens = num_blocks * config.block_size
         logger.info("KV cache: %d blocks of %d tokens = %d tokens; %.1f requests of %d tokens fit at once",
                     num_blocks, config.block_size, tokens, tokens / config.max_model_len, config.max_model_len)
-        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.args.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.args.enable_prefix_caching,
+                                               sliding_window=common_window(config.hf_config))
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.args.enable_chunked_prefill)
         self.structured_output = StructuredOutputManager(config)

@@ -120,6 +120,15 @@ def sliding_windows(config: PretrainedConfig) -> list[int | None]:
     return [int(window)] * num_layers
 
 
+def common_window(config: PretrainedConfig) -> int | None:
+    """The widest layer's window when every layer slides (Mistral-7B-v0.1), else None: keys out of it
+    are seen by no layer, so their KV blocks can be released."""
+    windows = sliding_windows(config)
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)
+
+
 def _rope_specs(config: PretrainedConfig, head_dim: int, num_layers: int) -> list[RopeSpec]:
     params = getattr(config, "rope_parameters", None) or {}
     layer_types = getattr(config, "layer_types", None) or ["full_attention"] * num_layers
