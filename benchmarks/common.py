@@ -49,12 +49,13 @@ def copy_bandwidth(num_bytes: int = 2 << 30, repeats: int = 10) -> float:
     return 2 * num_bytes / seconds
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes a one-token forward pass must read: every parameter once (the embedding table only sparsely),
-    of each mixture-of-experts layer only the top-k experts a token is routed to."""
+def weight_bytes(model: torch.nn.Module, tokens: int = 1) -> int:
+    """Bytes a forward pass of `tokens` tokens must read: every parameter once (the embedding table only
+    sparsely); of each mixture-of-experts layer only the experts hit, expected 1 - (1 - k/E)^tokens of
+    them under uniform routing (k/E for one token)."""
     from wick.layers.moe.fused_moe import FusedMoE
 
-    expert_share = {f"{name}.{p}": module.spec.top_k / module.spec.num_experts
+    expert_share = {f"{name}.{p}": 1 - (1 - module.spec.top_k / module.spec.num_experts) ** tokens
                     for name, module in model.named_modules() if isinstance(module, FusedMoE)
                     for p in ("w13_weight", "w2_weight")}
     total = 0
