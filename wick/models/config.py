@@ -107,6 +107,25 @@ class ModelConfig:
         return cls(**values)
 
 
+# multimodal checkpoints whose language model wick serves alone (text in, text out)
+_LANGUAGE_MODELS = {"Gemma3ForConditionalGeneration": "Gemma3ForCausalLM"}
+
+
+def language_model_config(config: PretrainedConfig) -> PretrainedConfig:
+    """For a multimodal checkpoint wick serves as text only (Gemma 3 4B-27B): its text config, named
+    as the text model; any other config unchanged."""
+    architectures = getattr(config, "architectures", None) or []
+    text_arch = next((_LANGUAGE_MODELS[a] for a in architectures if a in _LANGUAGE_MODELS), None)
+    if text_arch is None:
+        return config
+    text = config.text_config
+    text.architectures = [text_arch]
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "dtype"):
+        if getattr(config, key, None) is not None:
+            setattr(text, key, getattr(config, key))
+    return text
+
+
 def sliding_windows(config: PretrainedConfig) -> list[int | None]:
     """Each layer's attention window: HF's `layer_types` where the config has them, else the one
     `sliding_window` for every layer (Mistral-7B-v0.1) unless `use_sliding_window` is False."""
