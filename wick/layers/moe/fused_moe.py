@@ -8,14 +8,18 @@ linear's are. On CUDA the fused Triton kernel runs; elsewhere the torch referenc
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from wick.layers.linear import divide
 from wick.layers.moe.routing import select_experts
-from wick.models.config import MoeSpec
 from wick.worker.distributed import tp_all_reduce, tp_rank, tp_world_size
+
+if TYPE_CHECKING:
+    from wick.models.config import MoeSpec
 
 
 def fused_experts_ref(
