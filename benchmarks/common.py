@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 
 import torch
@@ -48,22 +49,27 @@ def copy_bandwidth(num_bytes: int = 2 << 30, repeats: int = 10) -> float:
     return 2 * num_bytes / seconds
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one forward pass must read: every parameter once (the embedding table only sparsely)."""
+def weight_bytes(model: torch.nn.Module, tokens: int = 1) -> int:
+    """Bytes a forward pass of `tokens` tokens must read: every parameter once (the embedding table only
+    sparsely); of each mixture-of-experts layer only the experts hit, expected 1 - (1 - k/E)^tokens of
+    them under uniform routing (k/E for one token)."""
+    from wick.layers.moe.fused_moe import FusedMoE
+
+    expert_share = {f"{name}.{p}": 1 - (1 - module.spec.top_k / module.spec.num_experts) ** tokens
+                    for name, module in model.named_modules() if isinstance(module, FusedMoE)
+                    for p in ("w13_weight", "w2_weight")}
     total = 0
     for name, param in model.named_parameters():
         if "embed_tokens" in name and not model.config.tie_word_embeddings:
             continue
-        total += param.numel() * param.element_size()
+        total += int(param.numel() * param.element_size() * expert_share.get(name, 1.0))
     return total
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:
-    from wick.layers.attention.layer import Attention
-
-    layers = [m for m in model.modules() if isinstance(m, Attention)]
     elem = next(model.parameters()).element_size()
-    return sum(2 * m.num_kv_heads * m.head_dim * elem for m in layers)
+    return sum(elem * math.prod(shape) for m in model.modules() if hasattr(m, "kv_cache_shapes")
+               for shape in m.kv_cache_shapes(1, 1))
 
 
 def print_environment() -> None:

@@ -30,7 +30,7 @@ def roofline_seconds(llm: LLM, prompts: list[list[int]], output_lens: list[int],
     kv_read = sum(kv_per_token * (len(p) * o + o * (o - 1) // 2) for p, o in zip(prompts, output_lens, strict=True))
     steps = max(output_lens) * -(-len(prompts) // llm.config.max_num_seqs)
     # Copy bandwidth counts bytes read plus bytes written; a read-only stream moves bytes at that rate.
-    return (weight_bytes(model) * steps + kv_read) / bandwidth
+    return (weight_bytes(model, tokens=min(len(prompts), llm.config.max_num_seqs)) * steps + kv_read) / bandwidth
 
 
 def run_hf(model_name: str, prompts: list[list[int]], output_lens: list[int]) -> float:

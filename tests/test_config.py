@@ -20,13 +20,11 @@ def _model(tmp_path: Path, config: dict) -> str:
     return str(tmp_path)
 
 
-def test_a_sliding_window_model_is_held_to_its_window(tmp_path: Path) -> None:
+def test_a_sliding_window_model_serves_its_full_context(tmp_path: Path) -> None:
     model = _model(tmp_path, MISTRAL_V01)
-    assert EngineArgs(model=model, load_format="dummy", device="cpu").create_engine_config().max_model_len == 4096
+    assert EngineArgs(model=model, load_format="dummy", device="cpu").create_engine_config().max_model_len == 32768
     assert EngineArgs(model=model, load_format="dummy", device="cpu",
-                      max_model_len=2048).create_engine_config().max_model_len == 2048
-    with pytest.raises(ValueError, match="sliding window of 4096 tokens"):
-        EngineArgs(model=model, load_format="dummy", device="cpu", max_model_len=8192).create_engine_config()
+                      max_model_len=8192).create_engine_config().max_model_len == 8192
 
 
 @pytest.mark.parametrize("config", [{**MISTRAL_V01, "sliding_window": None},

@@ -105,14 +105,6 @@ class EngineArgs:
         dtype = _resolve_dtype(self.dtype, hf_config, device)
         max_position = _max_position(hf_config)
         max_model_len = self.max_model_len or max_position
-        window = _sliding_window(hf_config)
-        if window is not None and max_model_len > window:
-            # Within the window, full attention is sliding-window attention; beyond it they differ.
-            if self.max_model_len is not None:
-                raise ValueError(f"this model attends over a sliding window of {window} tokens, which wick does "
-                                 f"not implement: max_model_len must be at most {window}, got {max_model_len}")
-            logger.warning("max_model_len is %d, the model's sliding attention window", window)
-            max_model_len = window
         if max_model_len > max_position:
             logger.warning("max_model_len %d exceeds the model's %d positions", max_model_len, max_position)
         max_batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
@@ -217,14 +209,6 @@ def _apply_yarn(hf_config: PretrainedConfig, factor: float) -> None:
                                  "original_max_position_embeddings": original}
     hf_config.max_position_embeddings = int(original * factor)
     logger.info("YaRN rope scaling x%g: %d -> %d positions", factor, original, hf_config.max_position_embeddings)
-
-
-def _sliding_window(hf_config: PretrainedConfig) -> int | None:
-    """The attention window of every layer (Mistral-7B-v0.1), or None for full attention."""
-    window = getattr(hf_config, "sliding_window", None)
-    if not window or getattr(hf_config, "use_sliding_window", True) is False:
-        return None
-    return int(window)
 
 
 def _max_position(hf_config: PretrainedConfig) -> int:

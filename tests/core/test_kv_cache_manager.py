@@ -241,3 +241,54 @@ def test_ref_counts_and_free_list_stay_consistent_over_many_requests() -> None:
         kv.free(request)
     assert kv.num_free_blocks == 16
     assert all(kv.pool.ref_count(b) == 0 for b in range(16))
+
+
+def test_blocks_out_of_every_window_are_released_once() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=4, sliding_window=6)
+    request = make_request("a", list(range(13)))
+    admit(kv, request)
+    compute(kv, request)  # 13 computed: the next query (position 13) sees keys 8..13
+    kv.free_out_of_window(request)
+    assert kv.num_free_blocks == 10 - 4 + 2  # blocks of positions 0-3 and 4-7 released
+    assert len(request.block_ids) == 4  # their ids stay: positions still map to blocks
+    kv.free_out_of_window(request)
+    assert kv.num_free_blocks == 8  # nothing released twice
+    request.append_output_token(5)
+    assert kv.allocate_slots(request, 1)
+    compute(kv, request)  # 14 computed: keys 9.. are visible, block 2 (8-11) still is
+    kv.free_out_of_window(request)
+    assert kv.num_free_blocks == 8
+    kv.free(request)
+    assert kv.num_free_blocks == 10 and request.block_ids == []
+
+
+def test_released_window_blocks_stay_prefix_cached() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=4, sliding_window=4)
+    tokens = list(range(13))
+    first = make_request("a", tokens)
+    admit(kv, first)
+    compute(kv, first)
+    kv.free_out_of_window(first)
+    second = make_request("b", tokens)
+    assert admit(kv, second) == 12  # the released blocks still hold their KV until they are reused
+    kv.free(first)
+    kv.free(second)
+    assert kv.num_free_blocks == 10
+
+
+def test_no_window_releases_nothing() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    request = make_request("a", list(range(13)))
+    admit(kv, request)
+    compute(kv, request)
+    kv.free_out_of_window(request)
+    assert kv.num_free_blocks == 6
+
+
+def test_a_request_shorter_than_the_window_keeps_its_blocks() -> None:
+    kv = KVCacheManager(num_blocks=10, block_size=4, sliding_window=8)
+    request = make_request("a", list(range(6)))
+    admit(kv, request)
+    compute(kv, request)
+    kv.free_out_of_window(request)
+    assert kv.num_free_blocks == 8

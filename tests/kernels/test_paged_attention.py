@@ -48,11 +48,12 @@ def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_k
 
 def check(seq_lens: list[int], query_lens: list[int], num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
           block_size: int = 4, dtype: torch.dtype = torch.float32, num_splits: int | None = None,
-          device: str = DEVICE) -> None:
+          device: str = DEVICE, sliding_window: int | None = None, soft_cap: float | None = None) -> None:
     batch = make_batch(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device=device)
     scale = head_dim**-0.5
-    out = paged_attention(*batch, scale, max(query_lens), max(seq_lens), num_splits=num_splits)
-    expected = paged_attention_ref(*batch, scale)
+    out = paged_attention(*batch, scale, max(query_lens), max(seq_lens), num_splits=num_splits,
+                          sliding_window=sliding_window, logits_soft_cap=soft_cap)
+    expected = paged_attention_ref(*batch, scale, sliding_window, soft_cap)
     assert out.dtype == dtype
     torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
@@ -90,6 +91,34 @@ def test_rows_outside_requests_untouched(num_splits: int) -> None:
     paged_attention(*batch, 0.25, 1, max(DECODE[0]), out=out, num_splits=num_splits)
     assert (out[-3:] == 7.0).all()
     torch.testing.assert_close(out[:-3], paged_attention_ref(*batch, 0.25)[:-3], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_sliding_window_past_the_window(window: int, num_splits: int) -> None:
+    # prefills longer than the window and than a key tile, chunks and decodes far past it
+    check([150, 70, 40, 17], [150, 9, 1, 1], num_heads=4, num_kv_heads=2, block_size=4, num_splits=num_splits,
+          sliding_window=window)
+
+
+def test_window_never_reads_keys_before_it() -> None:
+    """Pages wholly before every query's window may be freed: NaN there must not reach the result."""
+    seq_lens, query_lens, window = [100, 64], [1, 3], 8
+    batch = make_batch(seq_lens, query_lens, 4, 2, 16, 4, torch.float32)
+    expected = paged_attention_ref(*batch, 0.25, window)
+    for i, seq_len in enumerate(seq_lens):
+        first_visible = seq_len - query_lens[i] - window + 1
+        for page in batch.block_tables[i, : first_visible // 4].tolist():
+            batch.k_cache[page] = float("nan")
+            batch.v_cache[page] = float("nan")
+    out = paged_attention(*batch, 0.25, max(query_lens), max(seq_lens), sliding_window=window)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("soft_cap", [2.0, 50.0])
+def test_logits_soft_cap(soft_cap: float) -> None:
+    check(*MIXED, num_heads=4, soft_cap=soft_cap)
+    check([150, 40], [150, 1], num_heads=4, soft_cap=soft_cap, sliding_window=16)
 
 
 def test_split_choice() -> None:
@@ -136,3 +165,13 @@ def test_prefill_bf16_cuda(num_heads: int) -> None:
 def test_chunked_prefill_and_decode_bf16_cuda(head_dim: int) -> None:
     check([1000, 3000, 700, 5000, 17], [1000, 500, 1, 1, 17], num_heads=14, num_kv_heads=2, head_dim=head_dim,
           block_size=16, dtype=torch.bfloat16, device="cuda")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_sliding_window_and_soft_cap_bf16_cuda(num_splits: int | None) -> None:
+    check([3000, 5000, 700, 17], [1000, 1, 1, 17], num_heads=16, num_kv_heads=8, head_dim=128, block_size=16,
+          dtype=torch.bfloat16, device="cuda", num_splits=num_splits, sliding_window=1024)
+    check([4096, 600], [1, 600], num_heads=8, num_kv_heads=4, head_dim=256, block_size=16,
+          dtype=torch.bfloat16, device="cuda", num_splits=num_splits, sliding_window=512, soft_cap=50.0)

@@ -45,7 +45,7 @@ def metadata_for(seq_lens: list[int], query_lens: list[int], tables: list[list[i
 
 
 def compare_with_torch_backend(seq_lens: list[int], query_lens: list[int], num_heads: int, num_kv_heads: int,
-                               prepare: bool) -> None:
+                               prepare: bool, layer_options: tuple[dict, dict] = ({}, {})) -> None:
     """Two steps through both backends: the cached context first, then the batch over it (3 padding tokens).
     Each step runs two layers on one plan; planned by prepare() or by the first forward()."""
     torch.manual_seed(0)
@@ -72,7 +72,8 @@ def compare_with_torch_backend(seq_lens: list[int], query_lens: list[int], num_h
         for layer in range(2):
             q = torch.randn(num_tokens, num_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
             k, v = torch.randn(2, num_tokens, num_kv_heads, HEAD_DIM, dtype=torch.bfloat16, device="cuda")
-            out = {name: backend.forward(q, k, v, *caches[name][layer], metadata, HEAD_DIM**-0.5)
+            out = {name: backend.forward(q, k, v, *caches[name][layer], metadata, HEAD_DIM**-0.5,
+                                         **layer_options[layer])
                    for name, backend in backends.items()}
             torch.testing.assert_close(out["flashinfer"], out["torch"], atol=TOL, rtol=TOL)
             assert not out["flashinfer"][num_tokens - pad:].any()
@@ -93,6 +94,15 @@ CASES = {
 @pytest.mark.parametrize("prepare", [True, False])
 def test_matches_torch_backend(case: str, group: int, prepare: bool) -> None:
     compare_with_torch_backend(*CASES[case], num_heads=4 * group, num_kv_heads=4, prepare=prepare)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("prepare", [True, False])
+def test_sliding_window_and_soft_cap_match_torch_backend(case: str, prepare: bool) -> None:
+    """A local layer (window 256, soft-cap) and a global one in the same steps, as Gemma 2 has them."""
+    local = {"sliding_window": 256, "logits_soft_cap": 50.0}
+    compare_with_torch_backend(*CASES[case], num_heads=8, num_kv_heads=4, prepare=prepare,
+                               layer_options=(local, {}))
 
 
 def test_decode_in_cuda_graph() -> None:

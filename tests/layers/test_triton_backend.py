@@ -48,7 +48,8 @@ def metadata_for(seq_lens: list[int], query_lens: list[int], tables: list[list[i
 
 
 def compare_with_torch_backend(seq_lens: list[int], query_lens: list[int], num_heads: int, num_kv_heads: int,
-                               head_dim: int, block_size: int, dtype: torch.dtype, device: str) -> None:
+                               head_dim: int, block_size: int, dtype: torch.dtype, device: str,
+                               **options: float) -> None:
     """Two steps through both backends: the cached context first, then a mixed batch over it."""
     torch.manual_seed(0)
     num_blocks = sum(-(-n // block_size) for n in seq_lens) + 1
@@ -67,12 +68,20 @@ def compare_with_torch_backend(seq_lens: list[int], query_lens: list[int], num_h
         q = torch.randn(num_tokens, num_heads, head_dim, dtype=dtype, device=device)
         k, v = torch.randn(2, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
         metadata = metadata_for(step_seq_lens, step_query_lens, step_tables, block_size, pad, device)
-        out = {name: backend.forward(q, k, v, *caches[name], metadata, head_dim**-0.5)
+        out = {name: backend.forward(q, k, v, *caches[name], metadata, head_dim**-0.5, **options)
                for name, backend in backends.items()}
         tol = 2e-5 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(out["triton"], out["torch"], atol=tol, rtol=tol)
         for mine, theirs in zip(caches["triton"], caches["torch"], strict=True):
             torch.testing.assert_close(mine, theirs, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("options", [{"sliding_window": 5}, {"sliding_window": 16, "logits_soft_cap": 3.0},
+                                     {"logits_soft_cap": 30.0}])
+def test_window_and_soft_cap_match_the_masked_sdpa_backend(options: dict) -> None:
+    # prefills, a chunk over cached context and decodes, all past the window
+    compare_with_torch_backend([40, 70, 23, 9], [40, 6, 1, 1], num_heads=4, num_kv_heads=2, head_dim=16,
+                               block_size=4, dtype=torch.float32, device=DEVICE, **options)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

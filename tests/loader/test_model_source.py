@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from wick.loader.model_source import ModelNotFoundError, resolve_model
 from wick.loader.presets import PRESETS, get_preset_config
+from wick.models.registry import get_model_class
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -154,12 +155,25 @@ def test_llama_preset_rope_scaling() -> None:
     ("qwen2.5-0.5b", 494_032_768),
     ("llama-3.2-1b", 1_235_814_400),
     ("llama-3.1-8b", 8_030_261_248),
+    ("qwen3-30b-a3b", 30_532_122_624),
+    ("deepseek-v2-lite", 15_706_484_224),
+    ("phi-4", 14_659_507_200),
+    ("glm-4-9b", 9_400_279_040),
 ])
 def test_preset_parameter_counts(name: str, params: int) -> None:
     """The published parameter counts of the real models: every shape in the preset is right."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(get_preset_config(name))
     assert sum(p.numel() for p in model.parameters()) == params
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_our_models_of_the_presets_have_hf_parameter_counts(name: str) -> None:
+    config = get_preset_config(name)
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(config)
+        ours = get_model_class(config.architectures)(config)
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
 
 
 def test_dummy_from_config_file_and_folder(llama_folder: Path) -> None:

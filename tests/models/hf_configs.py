@@ -4,7 +4,24 @@ and ours loaded from those."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, PretrainedConfig, Qwen2Config, Qwen3Config
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV2Config,
+    DeepseekV3Config,
+    Gemma2Config,
+    Gemma3TextConfig,
+    Glm4Config,
+    LlamaConfig,
+    MistralConfig,
+    MixtralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen2MoeConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+    StableLmConfig,
+)
 
 from wick.models.registry import get_model_class
 
@@ -22,6 +39,25 @@ _COMMON = dict(
     bos_token_id=1,
     eos_token_id=None,  # no early stop and no EOS masking: we decode a fixed number of tokens
     pad_token_id=0,
+)
+
+_GEMMA = dict(
+    {**_COMMON, "tie_word_embeddings": True, "num_hidden_layers": 4},
+    head_dim=16,
+    query_pre_attn_scalar=24,
+    sliding_window=8,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+    hidden_activation="gelu_pytorch_tanh",
+)
+
+_MLA = dict(
+    {**_COMMON, "num_key_value_heads": 4},
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=24,
+    moe_intermediate_size=32,
+    first_k_dense_replace=1,
 )
 
 
@@ -42,6 +78,35 @@ def hf_configs() -> dict[str, PretrainedConfig]:
         "mistral": MistralConfig(**_COMMON, head_dim=32, sliding_window=None),
         "qwen2": Qwen2Config(**_COMMON),
         "qwen3": Qwen3Config(**_COMMON, head_dim=32),
+        # a window of 8 keys: every prompt and the decode run past it
+        "mistral_window": MistralConfig(**_COMMON, head_dim=16, sliding_window=8),
+        "gemma2": Gemma2Config(**_GEMMA, attn_logit_softcapping=5.0, final_logit_softcapping=30.0),
+        "gemma3": Gemma3TextConfig(**_GEMMA, rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0}}),
+        "phi3_longrope": Phi3Config(**{**_COMMON, "max_position_embeddings": 128}, sliding_window=None,
+                                    rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                     "partial_rotary_factor": 0.75,
+                                                     "original_max_position_embeddings": 32,
+                                                     "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                                                     "long_factor": [2.0 + 0.5 * i for i in range(6)]}),
+        "glm4": Glm4Config(**_COMMON, head_dim=32),
+        "stablelm": StableLmConfig(**{k: v for k, v in _COMMON.items() if k != "rms_norm_eps"},
+                                   layer_norm_eps=1e-5, use_qkv_bias=True),
+        "mixtral": MixtralConfig(**_COMMON, num_local_experts=4, num_experts_per_tok=2),
+        "qwen2_moe": Qwen2MoeConfig(**_COMMON, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48,
+                                    shared_expert_intermediate_size=96, mlp_only_layers=[1]),
+        "qwen3_moe": Qwen3MoeConfig(**_COMMON, head_dim=32, num_experts=8, num_experts_per_tok=3,
+                                    moe_intermediate_size=32, norm_topk_prob=True),
+        "deepseek_v2": DeepseekV2Config(**_MLA, q_lora_rank=None, n_routed_experts=8, num_experts_per_tok=3,
+                                        n_shared_experts=1, topk_method="group_limited_greedy", n_group=4,
+                                        topk_group=2, routed_scaling_factor=1.5, rope_parameters={
+                                            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                            "original_max_position_embeddings": 64, "beta_fast": 32,
+                                            "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 0.8}),
+        "deepseek_v3": DeepseekV3Config(**_MLA, q_lora_rank=48, n_routed_experts=8, num_experts_per_tok=3,
+                                        n_shared_experts=1, n_group=4, topk_group=2, norm_topk_prob=True,
+                                        routed_scaling_factor=2.5),
     }
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from wick.layers.attention.layer import Attention
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
 from wick.layers.attention.torch_backend import TorchAttentionBackend
 
@@ -27,10 +26,8 @@ class PagedRunner:
         self.model = model
         self.block_size = block_size
         for module in model.modules():
-            if isinstance(module, Attention):
-                shape = (num_blocks, block_size, module.num_kv_heads, module.head_dim)
-                module.k_cache = torch.zeros(shape)
-                module.v_cache = torch.zeros(shape)
+            if hasattr(module, "kv_cache_shapes"):
+                module.bind_kv_cache([torch.zeros(s) for s in module.kv_cache_shapes(num_blocks, block_size)])
         self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
         self.backend = TorchAttentionBackend()
 

@@ -9,7 +9,7 @@ from paged_generate import PagedRunner, Sequence
 from transformers import PretrainedConfig
 
 CONFIGS = hf_configs()
-NEW_TOKENS = 40
+NEW_TOKENS = 32
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -34,8 +34,21 @@ def test_greedy_matches_hf(pair: tuple[torch.nn.Module, torch.nn.Module, Pretrai
         assert tokens == out.sequences[0, len(prompt) :].tolist()
         hf_logits = torch.cat(out.logits)
         top2 = hf_logits.topk(2).values
-        assert (top2[:, 0] - top2[:, 1]).min() > 1e-3, "greedy ties make the token check meaningless"
+        clear = (top2[:, 0] - top2[:, 1] > 1e-3).float().mean()
+        assert clear > 0.9, "greedy near-ties at most steps make the token check meaningless"
         torch.testing.assert_close(logits, hf_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_prompt_logprobs_match_hf(pair: tuple[torch.nn.Module, torch.nn.Module, PretrainedConfig]) -> None:
+    hf, ours, config = pair
+    prompt = prompts(config.vocab_size)[-1]
+    logits = PagedRunner(ours).step([(Sequence(list(prompt)), len(prompt))])[0]
+    with torch.no_grad():
+        hf_logits = hf(torch.tensor([prompt])).logits[0]
+    targets = torch.tensor(prompt[1:])[:, None]
+    ours_lp = logits[:-1].log_softmax(-1).gather(1, targets)
+    hf_lp = hf_logits[:-1].log_softmax(-1).gather(1, targets)
+    torch.testing.assert_close(ours_lp, hf_lp, atol=1e-3, rtol=0)
 
 
 def test_chunked_prefill_matches_one_shot(pair: tuple[torch.nn.Module, torch.nn.Module, PretrainedConfig]) -> None:

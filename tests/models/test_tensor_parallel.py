@@ -42,7 +42,8 @@ def _rank_main(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "world"), [("llama_tied_bias", 2), ("qwen2", 4)])
+@pytest.mark.parametrize(("name", "world"), [
+    ("llama_tied_bias", 2), ("qwen2", 4), ("qwen2_moe", 2), ("gemma3", 2), ("deepseek_v3", 2)])
 def test_tp_matches_single_rank(name: str, world: int, tmp_path: Path) -> None:
     config = copy.deepcopy(hf_configs()[name])
     config.vocab_size = 250  # not a multiple of the TP size: the last rank holds padding rows

@@ -21,11 +21,17 @@ _ROOT_HASH = bytes(32)  # the "parent hash" of a request's first block
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, enable_prefix_caching: bool = True,
+                 sliding_window: int | None = None) -> None:
+        """sliding_window: the window of the model's widest layer when every layer slides (else None);
+        blocks that fall out of it are released while the request runs."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window
+        # Per request: how many of its leading blocks fell out of the window and were released.
+        self._num_window_freed: dict[str, int] = {}
         self.pool = BlockPool(num_blocks)
         # Per request: how many of its leading blocks are in the prefix-cache table.
         self._num_cached_blocks: dict[str, int] = {}
@@ -114,10 +120,26 @@ class KVCacheManager:
         """How many of the request's leading blocks are in the prefix-cache table."""
         return self._num_cached_blocks.get(request.request_id, 0)
 
+    def free_out_of_window(self, request: Request) -> None:
+        """Releases the request's blocks that no future query can see: those wholly at positions
+        <= num_computed_tokens - sliding_window. Their ids stay in the block table (so positions map
+        to blocks as before), and attention never reads them. Call after cache_blocks()."""
+        if self.sliding_window is None:
+            return
+        start = self._num_window_freed.get(request.request_id, 0)
+        end = min((request.num_computed_tokens - self.sliding_window + 1) // self.block_size,
+                  len(request.block_ids))
+        if end <= start:
+            return
+        for block_id in request.block_ids[start:end]:
+            self.pool.release(block_id)
+        self._num_window_freed[request.request_id] = end
+
     def free(self, request: Request) -> None:
         """Releases the request's blocks, last block first so that a sequence's tail is evicted
         before its head. `request.block_hashes` stays: it describes tokens, not blocks."""
-        for block_id in reversed(request.block_ids):
+        already = self._num_window_freed.pop(request.request_id, 0)
+        for block_id in reversed(request.block_ids[already:]):
             self.pool.release(block_id)
         request.block_ids = []
         self._num_cached_blocks.pop(request.request_id, None)

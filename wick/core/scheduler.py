@@ -174,6 +174,7 @@ class Scheduler:
             if request is None or request.is_finished:  # aborted since the step was scheduled
                 continue
             self.kv_cache_manager.cache_blocks(request, starts[rid] + num_new)
+            self.kv_cache_manager.free_out_of_window(request)
             token = sampled.get(rid)
             if token is None:
                 continue

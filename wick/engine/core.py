@@ -13,6 +13,7 @@ from wick.core.scheduler import Scheduler
 from wick.core.structured_output import StructuredOutputManager
 from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
 from wick.executor import create_executor
+from wick.models.config import common_window
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +32,8 @@ class EngineCore:
         tokens = num_blocks * config.block_size
         logger.info("KV cache: %d blocks of %d tokens = %d tokens; %.1f requests of %d tokens fit at once",
                     num_blocks, config.block_size, tokens, tokens / config.max_model_len, config.max_model_len)
-        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.args.enable_prefix_caching)
+        self.kv_cache_manager = KVCacheManager(num_blocks, config.block_size, config.args.enable_prefix_caching,
+                                               sliding_window=common_window(config.hf_config))
         self.scheduler = Scheduler(self.kv_cache_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, config.args.enable_chunked_prefill)
         self.structured_output = StructuredOutputManager(config)

@@ -29,10 +29,10 @@ MAX_SPLITS = 64
 
 @triton.jit
 def _attend_tile(
-    acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale,
+    acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale, window, soft_cap,
     stride_kb, stride_ks, stride_vb, stride_vs,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     keys = start_n + tl.arange(0, BLOCK_N)
     dims = tl.arange(0, HEAD_DIM)
@@ -43,11 +43,25 @@ def _attend_tile(
         page = tl.load(table_ptr + keys // BLOCK_SIZE).to(tl.int64)
     slot = (keys % BLOCK_SIZE).to(tl.int64)
     k = tl.load(k_ptr + (page * stride_kb + slot * stride_ks)[:, None] + dims[None, :])
-    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if SOFT_CAP:
+        # qk_scale is the softmax scale here: cap * tanh(s / cap), tanh(x) = 2 sigmoid(2x) - 1, then base 2
+        qk = soft_cap * (2.0 / (1.0 + tl.exp(-2.0 * (qk * qk_scale / soft_cap))) - 1.0) * 1.4426950408889634
+    else:
+        qk = qk * qk_scale
+    if WINDOWED:
+        qk = tl.where(keys[None, :] > pos[:, None] - window, qk, float("-inf"))
     v_ptrs = v_ptr + (page * stride_vb + slot * stride_vs)[:, None] + dims[None, :]
+    # unwritten (or, past a window, freed) cache memory may hold NaN, which a zero probability would not cancel
+    if WINDOWED:
+        v_valid = keys > tl.min(pos, 0) - window
+        if MASKED:
+            v_valid &= in_range
     if MASKED:
         qk = tl.where(keys[None, :] <= pos[:, None], qk, float("-inf"))
-        # unwritten cache memory may hold NaN, which a zero probability would not cancel
+    if WINDOWED:
+        v = tl.load(v_ptrs, mask=v_valid[:, None], other=0.0)
+    elif MASKED:
         v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
     else:
         v = tl.load(v_ptrs)
@@ -63,12 +77,12 @@ def _attend_tile(
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
-    qk_scale, num_reqs,
+    qk_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
-    SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -111,8 +125,12 @@ def _paged_attention_kernel(
     # keys [0, full_end) are visible to every row of the tile; [full_end, kv_end) need the causal mask
     kv_end = tl.minimum(context + q_first + BLOCK_Q, seq_len)
     full_end = (context + q_first + 1) // BLOCK_N * BLOCK_N
-    tiles_per_split = tl.cdiv(tl.cdiv(kv_end, BLOCK_N), num_splits)
-    lo = split * tiles_per_split * BLOCK_N
+    # with a window, the key tiles before the first query's window are skipped
+    kv_start = 0
+    if WINDOWED:
+        kv_start = tl.maximum(context + q_first - window + 1, 0) // BLOCK_N * BLOCK_N
+    tiles_per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), num_splits)
+    lo = kv_start + split * tiles_per_split * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
     mid = tl.maximum(lo, tl.minimum(hi, full_end))
 
@@ -124,12 +142,12 @@ def _paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     for start_n in range(lo, mid, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale,
-                                     stride_kb, stride_ks, stride_vb, stride_vs,
-                                     BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, DOT_PRECISION)
+                                     window, soft_cap, stride_kb, stride_ks, stride_vb, stride_vs,
+                                     BLOCK_N, HEAD_DIM, BLOCK_SIZE, False, WINDOWED, SOFT_CAP, DOT_PRECISION)
     for start_n in range(mid, hi, BLOCK_N):
         acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_ptr, v_ptr, table_ptr, start_n, pos, kv_end, qk_scale,
-                                     stride_kb, stride_ks, stride_vb, stride_vs,
-                                     BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, DOT_PRECISION)
+                                     window, soft_cap, stride_kb, stride_ks, stride_vb, stride_vs,
+                                     BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, WINDOWED, SOFT_CAP, DOT_PRECISION)
 
     if SPLIT:
         part = (token * (tl.num_programs(1) * GROUP) + head) * num_splits + split
@@ -203,6 +221,8 @@ def paged_attention(
     max_seq_len: int,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of a packed batch of queries over their requests' cached keys/values.
 
@@ -212,7 +232,8 @@ def paged_attention(
     query_start_loc[i]:query_start_loc[i+1] of q and sit at the end of its seq_lens[i] positions.
     max_query_len and max_seq_len bound those of the batch (max_seq_len only steers the split
     choice; num_splits overrides it). Rows past query_start_loc[num_reqs] are not written.
-    Returns out [T, H, D] in q's dtype.
+    Returns out [T, H, D] in q's dtype. sliding_window: a query at position p sees keys at positions
+    > p - sliding_window only; logits_soft_cap: scores become cap * tanh(scores / cap).
 
     For CUDA-graph capture, keep q.shape[0], num_reqs, max_query_len, max_seq_len (a fixed upper
     bound such as max_model_len) and scale the same at capture and replay.
@@ -243,13 +264,14 @@ def paged_attention(
     _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables,
-        scale * LOG2E, num_reqs,
+        scale if logits_soft_cap else scale * LOG2E, sliding_window or 0, logits_soft_cap or 0.0, num_reqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, REQ_CHUNK=min(128, triton.next_power_of_2(num_reqs)),
-        SPLIT=split, DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
     if split:
@@ -269,6 +291,8 @@ def paged_attention_ref(
     seq_lens: torch.Tensor,
     block_tables: torch.Tensor,
     scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
 ) -> torch.Tensor:
     """Pure-torch reference of paged_attention, in fp32, one request at a time; other rows are zero."""
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -282,7 +306,12 @@ def paged_attention_ref(
                         for c in (k_cache, v_cache))
         scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale
         query_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
-        visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+        key_pos = torch.arange(seq_len, device=q.device)[None, :]
+        visible = key_pos <= query_pos[:, None]
+        if sliding_window:
+            visible &= key_pos > query_pos[:, None] - sliding_window
+        if logits_soft_cap:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
         out[start:end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
     return out

@@ -1,6 +1,7 @@
-"""Rotary position embedding (neox style: the two halves of each head rotate together).
+"""Rotary position embedding: neox style (the two halves of the rotated dims pair up) or GPT-J style
+(dims 2i and 2i+1 pair up), over all of each head or its leading rotary_dim dims (partial RoPE).
 
-Scaling types: default, linear, llama3 and yarn. cos/sin are tabulated once per position.
+Scaling types: default, linear, llama3, yarn and longrope. cos/sin are tabulated once per position.
 """
 
 from __future__ import annotations
@@ -74,25 +75,45 @@ def _yarn_inv_freq(base: float, dim: int, scaling: dict[str, Any]) -> tuple[torc
     return inv_freq, float(attention_factor)
 
 
+def _longrope_inv_freq(base: float, dim: int, factors: list[float]) -> torch.Tensor:
+    return 1.0 / (torch.tensor(factors, dtype=torch.float32) * base ** (torch.arange(0, dim, 2).float() / dim))
+
+
+def _cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, magnitude: float) -> torch.Tensor:
+    freqs = torch.outer(positions.float(), inv_freq.float())
+    return torch.cat((freqs.cos() * magnitude, freqs.sin() * magnitude), dim=-1)
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_size: int, inv_freq: torch.Tensor, max_position: int, magnitude: float = 1.0) -> None:
+    """cos_sin_cache [max_position, rotary_dim]: cos of the rotary_dim / 2 frequencies, then sin."""
+
+    def __init__(self, head_size: int, inv_freq: torch.Tensor, max_position: int, magnitude: float = 1.0,
+                 is_neox: bool = True, cache: torch.Tensor | None = None) -> None:
         super().__init__()
         self.head_size = head_size
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.float())
-        cache = torch.cat((freqs.cos() * magnitude, freqs.sin() * magnitude), dim=-1)
+        self.rotary_dim = 2 * inv_freq.shape[0]
+        self.is_neox = is_neox
+        if cache is None:
+            cache = _cos_sin(inv_freq, torch.arange(max_position), magnitude)
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.view(shape[0], -1, self.head_size)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).view(shape)
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        if self.is_neox:
+            x1, x2 = rot.chunk(2, dim=-1)
+            rot = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((rot, rest), dim=-1).view(shape)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated."""
-        if q.is_cuda:
+        if q.is_cuda and self.is_neox and self.rotary_dim == self.head_size:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.rotary import rotary_embedding
 
@@ -101,21 +122,44 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
 
+def _longrope(head_size: int, dim: int, max_position: int, base: float, scaling: dict[str, Any],
+              is_neox: bool) -> RotaryEmbedding:
+    """Phi-3's LongRoPE: positions below original_max_position_embeddings rotate by the short factors,
+    the others by the long ones (a pure function of the position, so cached prefixes stay valid)."""
+    original = scaling["original_max_position_embeddings"]
+    target = scaling.get("max_position_embeddings") or max_position
+    factor = scaling.get("factor") or target / original
+    magnitude = scaling.get("attention_factor")
+    if magnitude is None:
+        magnitude = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    max_position = max(max_position, target, original + 1)
+    short = _longrope_inv_freq(base, dim, scaling["short_factor"])
+    long = _longrope_inv_freq(base, dim, scaling["long_factor"])
+    cache = torch.cat((_cos_sin(short, torch.arange(original), magnitude),
+                       _cos_sin(long, torch.arange(original, max_position), magnitude)))
+    return RotaryEmbedding(head_size, short, max_position, is_neox=is_neox, cache=cache)
+
+
 def get_rope(
-    head_size: int, max_position: int, base: float, rope_scaling: dict[str, Any] | None = None
+    head_size: int, max_position: int, base: float, rope_scaling: dict[str, Any] | None = None,
+    rotary_dim: int | None = None, is_neox: bool = True,
 ) -> RotaryEmbedding:
-    """rope_scaling as returned by rope_parameters(); positions up to the scaled context length."""
+    """rope_scaling as returned by rope_parameters(); positions up to the scaled context length.
+    rotary_dim (default head_size): the leading dims of each head that rotate."""
+    dim = rotary_dim or head_size
     if rope_scaling is None:
-        return RotaryEmbedding(head_size, _base_inv_freq(base, head_size), max_position)
+        return RotaryEmbedding(head_size, _base_inv_freq(base, dim), max_position, is_neox=is_neox)
     rope_type = rope_scaling["rope_type"]
+    if rope_type == "longrope":
+        return _longrope(head_size, dim, max_position, base, rope_scaling, is_neox)
     factor = rope_scaling["factor"]
     original = rope_scaling.get("original_max_position_embeddings", max_position)
     max_position = max(max_position, int(original * factor))
     if rope_type == "linear":
-        return RotaryEmbedding(head_size, _base_inv_freq(base, head_size) / factor, max_position)
+        return RotaryEmbedding(head_size, _base_inv_freq(base, dim) / factor, max_position, is_neox=is_neox)
     if rope_type == "llama3":
-        return RotaryEmbedding(head_size, _llama3_inv_freq(base, head_size, rope_scaling), max_position)
+        return RotaryEmbedding(head_size, _llama3_inv_freq(base, dim, rope_scaling), max_position, is_neox=is_neox)
     if rope_type == "yarn":
-        inv_freq, magnitude = _yarn_inv_freq(base, head_size, rope_scaling)
-        return RotaryEmbedding(head_size, inv_freq, max_position, magnitude)
-    raise ValueError(f"unsupported RoPE type {rope_type!r}; supported: default, linear, llama3, yarn")
+        inv_freq, magnitude = _yarn_inv_freq(base, dim, rope_scaling)
+        return RotaryEmbedding(head_size, inv_freq, max_position, magnitude, is_neox=is_neox)
+    raise ValueError(f"unsupported RoPE type {rope_type!r}; supported: default, linear, llama3, yarn, longrope")

@@ -22,7 +22,11 @@ _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
+# HF model_type of each GGUF architecture, where the names differ; llama with experts is Mixtral
+_MODEL_TYPES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -42,7 +46,14 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
 }
+# every expert's matrices stacked in one tensor [experts, out, in] -> HF's per-expert projection
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 # Tensors that HF checkpoints do not have; rope_freqs is folded into the config's rope_scaling.
 _SKIPPED = {"rope_freqs.weight"}
@@ -145,7 +156,8 @@ def _rope_scaling(reader: GGUFReader, arch: str, rope_theta: float) -> dict[str,
 
 
 def load_gguf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """An HF-style config.json dict for the model in a GGUF file (llama, qwen2, qwen3)."""
+    """An HF-style config.json dict for the model in a GGUF file (llama, qwen2, qwen3, and with experts
+    qwen2moe, qwen3moe and llama = Mixtral)."""
     reader = open_gguf(path)
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHITECTURES:
@@ -158,7 +170,7 @@ def load_gguf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     num_heads = arch_field("attention.head_count")
     rope_theta = arch_field("rope.freq_base", 10000.0)
     config: dict[str, Any] = {
-        "model_type": arch,
+        "model_type": _MODEL_TYPES.get(arch, arch),
         "architectures": [_ARCHITECTURES[arch]],
         "vocab_size": _torch_shape(tensors["token_embd.weight"])[0],
         "hidden_size": arch_field("embedding_length"),
@@ -173,6 +185,9 @@ def load_gguf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
         "attention_bias": "blk.0.attn_q.bias" in tensors,
         "torch_dtype": "float32",
     }
+    num_experts = arch_field("expert_count")
+    if num_experts:
+        config.update(_moe_config(arch, arch_field, tensors, num_experts))
     head_dim = arch_field("attention.key_length")
     if head_dim is not None:
         config["head_dim"] = head_dim
@@ -183,6 +198,24 @@ def load_gguf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     rope_scaling = _rope_scaling(reader, arch, rope_theta)
     if rope_scaling is not None:
         config["rope_scaling"] = rope_scaling
+    return config
+
+
+def _moe_config(arch: str, arch_field: Any, tensors: dict[str, ReaderTensor], num_experts: int) -> dict[str, Any]:
+    if "blk.0.ffn_gate_exps.weight" not in tensors:
+        raise ValueError("GGUF experts stored one tensor per expert (old llama.cpp files) are not supported; "
+                         "convert the model again with a current llama.cpp")
+    config: dict[str, Any] = {"num_experts_per_tok": arch_field("expert_used_count")}
+    if arch == "llama":
+        config.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=num_experts)
+        return config
+    config.update(model_type=_MODEL_TYPES[arch], num_experts=num_experts,
+                  moe_intermediate_size=arch_field("expert_feed_forward_length"),
+                  # Qwen3-MoE releases renormalise the top-k weights, Qwen1.5/2-MoE releases do not
+                  norm_topk_prob=arch_field("expert_weights_norm", arch == "qwen3moe"))
+    if arch == "qwen2moe":
+        config["shared_expert_intermediate_size"] = arch_field("expert_shared_feed_forward_length")
+        config["qkv_bias"] = "blk.0.attn_q.bias" in tensors
     return config
 
 
@@ -216,13 +249,21 @@ def iter_gguf_weights(path: str | os.PathLike[str]) -> Iterator[tuple[str, torch
     reader = open_gguf(path)
     config = load_gguf_config(path)
     rotary_heads = {}
-    if config["model_type"] == "llama":
+    if config["model_type"] in ("llama", "mixtral"):
         rotary_heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
     for tensor in reader.tensors:
+        expert = _LAYER_TENSOR.fullmatch(tensor.name)
+        if expert is not None and expert[2] in _EXPERT_NAMES:
+            stacked = dequantize(tensor.data, tensor.tensor_type, _torch_shape(tensor))
+            for e in range(stacked.shape[0]):
+                yield f"model.layers.{expert[1]}.mlp.experts.{e}.{_EXPERT_NAMES[expert[2]]}.weight", stacked[e]
+            continue
         name = _hf_name(tensor.name)
         if name is None:
             continue
         weight = dequantize(tensor.data, tensor.tensor_type, _torch_shape(tensor))
+        if name.endswith("shared_expert_gate.weight"):
+            weight = weight.reshape(1, -1)  # llama.cpp stores the one-row gate as a vector
         module = name.rsplit(".", 2)[-2]
         if module in rotary_heads:
             weight = _unpermute_rotary_rows(weight, rotary_heads[module])

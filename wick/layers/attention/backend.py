@@ -29,6 +29,8 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         """Paged attention over one packed batch.
 
@@ -36,4 +38,7 @@ class AttentionBackend(ABC):
         [num_blocks, block_size, Hkv, D]. First writes k/v to the cache at metadata.slot_mapping
         (slots < 0 are skipped), then each request's new queries attend causally to its whole
         context read through its block table. Returns [T, H, D].
+
+        sliding_window: a query at position p sees keys at positions > p - sliding_window only.
+        logits_soft_cap: scores become cap * tanh(scores / cap) before the softmax (Gemma 2).
         """

@@ -4,6 +4,9 @@ tensor-core decode wrapper for pure-decode batches, and one decode wrapper per c
 FlashInfer splits the work in two: plan() reads the batch's page layout on the host once per step, then
 run() attends for each layer. prepare() plans; the first forward() of a step that was not prepared plans
 too, which is also how the backend learns the model's head counts, head size, page size and dtype.
+
+A plan fixes the sliding window and the logits soft-cap, so each (window, soft-cap) pair the model's
+layers use (Gemma's local and global layers) has its own wrappers and plan: a "variant".
 """
 
 from __future__ import annotations
@@ -65,8 +68,43 @@ class FlashInferAttentionBackend(AttentionBackend):
     supports_cuda_graph = True
 
     def __init__(self) -> None:
-        self._shape: _Shape | None = None
         self._workspace: torch.Tensor | None = None
+        self._variants: dict[tuple[int | None, float | None], _Variant] = {}
+
+    def prepare(self, metadata: AttentionMetadata) -> None:
+        for variant in self._variants.values():
+            variant.prepare(metadata)
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+    ) -> torch.Tensor:
+        key = (sliding_window, logits_soft_cap)
+        variant = self._variants.get(key)
+        if variant is None:
+            if self._workspace is None:
+                self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+            variant = self._variants[key] = _Variant(self._workspace, sliding_window, logits_soft_cap)
+        return variant.forward(q, k, v, k_cache, v_cache, metadata, scale)
+
+
+class _Variant:
+    """The wrappers and the current plan of one (sliding window, soft-cap) pair."""
+
+    def __init__(self, workspace: torch.Tensor, sliding_window: int | None, logits_soft_cap: float | None) -> None:
+        self._shape: _Shape | None = None
+        self._workspace = workspace
+        # FlashInfer's window_left counts the keys before the query's own
+        self._window_left = sliding_window - 1 if sliding_window else -1
+        self._soft_cap = logits_soft_cap
         self._prefill: flashinfer.BatchPrefillWithPagedKVCacheWrapper | None = None
         self._decode: flashinfer.BatchDecodeWithPagedKVCacheWrapper | None = None
         self._graph_decode: dict[int, flashinfer.BatchDecodeWithPagedKVCacheWrapper] = {}
@@ -107,12 +145,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         if shape.q_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"the flashinfer backend needs float16 or bfloat16, not {shape.q_dtype}; "
                              "choose the triton or torch attention backend")
-        device = metadata.seq_lens.device
-        if self._workspace is None:
-            self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         layout = _PageLayout.of(metadata, shape.page_size)
         heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.page_size)
-        options = dict(q_data_type=shape.q_dtype, kv_data_type=shape.kv_dtype, sm_scale=shape.scale)
+        options = dict(q_data_type=shape.q_dtype, kv_data_type=shape.kv_dtype, sm_scale=shape.scale,
+                       window_left=self._window_left, logits_soft_cap=self._soft_cap)
         if metadata.max_query_len > 1:
             if self._prefill is None:
                 self._prefill = flashinfer.BatchPrefillWithPagedKVCacheWrapper(self._workspace, "NHD")

@@ -11,18 +11,30 @@ from wick.layers.attention.metadata import get_forward_context
 class Attention(nn.Module):
     """q [T, H*D], k and v [T, Hkv*D] -> [T, H*D].
 
-    k_cache and v_cache ([num_blocks, block_size, Hkv, D]) are assigned by the model runner once
-    it has allocated the KV cache.
+    k_cache and v_cache ([num_blocks, block_size, Hkv, D]) are bound by the model runner once it has
+    allocated the KV cache in the shapes kv_cache_shapes() declares.
+    sliding_window and logits_soft_cap: see AttentionBackend.forward.
     """
 
-    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+
+    def kv_cache_shapes(self, num_blocks: int, block_size: int) -> list[tuple[int, ...]]:
+        """The shapes of this layer's cache tensors (K pages, V pages), which bind_kv_cache then takes."""
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        return [shape, shape]
+
+    def bind_kv_cache(self, caches: list[torch.Tensor]) -> None:
+        self.k_cache, self.v_cache = caches
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         context = get_forward_context()
@@ -34,5 +46,7 @@ class Attention(nn.Module):
             self.v_cache,
             context.attn_metadata,
             self.scale,
+            sliding_window=self.sliding_window,
+            logits_soft_cap=self.logits_soft_cap,
         )
         return out.view(-1, self.num_heads * self.head_dim)

@@ -2,7 +2,8 @@
 
 A prompt with nothing cached attends over its own new keys with SDPA's causal kernel (no mask, no gather: on a
 CPU this is what keeps a long prefill linear in memory); a decode step needs no mask; a chunk after cached
-context gets an explicit mask. Grouped-query heads are SDPA's `enable_gqa`, never repeated copies."""
+context, a sliding window or soft-capped logits get an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
+(repeated copies only for soft-capping, which SDPA cannot do)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
     ) -> torch.Tensor:
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         write = metadata.slot_mapping >= 0
@@ -35,21 +38,33 @@ class TorchAttentionBackend(AttentionBackend):
         for i, seq_len in enumerate(metadata.seq_lens_cpu):
             start, end = starts[i], starts[i + 1]
             query_len = end - start
-            if query_len == seq_len:
+            if query_len == seq_len and sliding_window is None and logits_soft_cap is None:
                 # A prompt with nothing cached: its own keys, causal (SDPA's fused kernel; no mask, no gather).
-                keys, values, mask, causal = k[start:end], v[start:end], None, True
-            else:
-                blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
-                keys = k_cache[blocks].flatten(0, 1)[:seq_len]
-                values = v_cache[blocks].flatten(0, 1)[:seq_len]
-                causal = False
-                mask = None
-                if query_len > 1:
-                    # query j sits at position seq_len - query_len + j and sees keys up to there
-                    query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-                    mask = torch.arange(seq_len, device=q.device) <= query_pos[:, None]
-            out[start:end] = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
-                attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True,
-            ).transpose(0, 1)
+                out[start:end] = F.scaled_dot_product_attention(
+                    q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
+                    is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+                continue
+            blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
+            keys = k_cache[blocks].flatten(0, 1)[:seq_len]
+            values = v_cache[blocks].flatten(0, 1)[:seq_len]
+            # query j sits at position seq_len - query_len + j and sees keys up to there
+            query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
+            key_pos = torch.arange(seq_len, device=q.device)
+            mask = key_pos <= query_pos[:, None]
+            if sliding_window is not None:
+                mask &= key_pos > query_pos[:, None] - sliding_window
+            out[start:end] = _attend(q[start:end].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
+                                     mask, scale, logits_soft_cap).transpose(0, 1)
         return out
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+            soft_cap: float | None) -> torch.Tensor:
+    if soft_cap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    group = q.shape[0] // k.shape[0]
+    k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = soft_cap * torch.tanh(scores / soft_cap)
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    return torch.matmul(probs.to(v.dtype), v)

@@ -1,0 +1,70 @@
+"""Times the fused MoE kernel at a model's expert shapes (default Qwen3-30B-A3B: 128 experts, top 8,
+hidden 2048, expert intermediate 768, bf16) for several tokens per step, against the torch reference
+and against the GPU's measured bf16 matmul peak and copy bandwidth.
+
+For each token count: microseconds per call (CUDA graph), the expert FLOPs done per second and their share
+of the measured bf16 matmul peak (what matters for throughput), and the bytes of the experts actually hit
+per second and their share of the copy bandwidth (what matters for decode).
+
+    python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.testing import do_bench, do_bench_cudagraph
+
+from benchmarks.common import copy_bandwidth, print_environment
+from wick.kernels.fused_moe import fused_experts
+from wick.layers.moe.fused_moe import fused_experts_ref
+from wick.layers.moe.routing import select_experts
+
+
+def matmul_peak(dtype: torch.dtype, size: int = 8192) -> float:
+    """FLOP/s of one large square matmul: the practical peak the kernel is measured against."""
+    a = torch.randn(size, size, dtype=dtype, device="cuda")
+    b = torch.randn(size, size, dtype=dtype, device="cuda")
+    ms = do_bench(lambda: a @ b, warmup=50, rep=300)
+    return 2 * size**3 / (ms / 1e3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256, 2048, 4096])
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--hidden-size", type=int, default=2048)
+    parser.add_argument("--intermediate-size", type=int, default=768)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--skip-reference", action="store_true")
+    args = parser.parse_args()
+    print_environment()
+    dtype = getattr(torch, args.dtype)
+    e, k, h, i = args.experts, args.top_k, args.hidden_size, args.intermediate_size
+    w13 = torch.randn(e, 2 * i, h, dtype=dtype, device="cuda") / h**0.5
+    w2 = torch.randn(e, h, i, dtype=dtype, device="cuda") / i**0.5
+    peak, bandwidth = matmul_peak(dtype), copy_bandwidth()
+    expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
+          f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
+    for tokens in args.tokens:
+        x = torch.randn(tokens, h, dtype=dtype, device="cuda")
+        weights, ids = select_experts(torch.randn(tokens, e, device="cuda"), k, renormalize=True)
+        fused_experts(x, w13, w2, weights, ids)
+        ms = do_bench_cudagraph(lambda x=x, weights=weights, ids=ids: fused_experts(x, w13, w2, weights, ids))
+        ref = float("nan")
+        if not args.skip_reference:
+            ref = do_bench(lambda x=x, weights=weights, ids=ids: fused_experts_ref(x, w13, w2, weights, ids))
+        flops = 2 * tokens * k * 3 * h * i
+        hit = ids.unique().numel()
+        read = hit * expert_bytes + 2 * x.numel() * x.element_size()
+        seconds = ms / 1e3
+        print(f"{tokens} | {ms * 1e3:.1f} | {ref * 1e3:.1f} | {flops / seconds / 1e12:.1f} | "
+              f"{flops / seconds / peak:.0%} | {hit} | {read / seconds / 1e9:.0f} | {read / seconds / bandwidth:.0%}")
+
+
+if __name__ == "__main__":
+    main()

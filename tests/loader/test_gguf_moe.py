@@ -1,0 +1,117 @@
+"""GGUF files with experts (llama.cpp's layout: each layer's experts stacked in ffn_{gate,up,down}_exps,
+the router in ffn_gate_inp, Qwen2-MoE's shared expert in *_shexp) load into the same model as the
+HF checkpoint they were written from: qwen3moe, qwen2moe, and llama with experts (Mixtral)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+
+from wick.loader.gguf_loader import iter_gguf_weights, load_gguf_config
+from wick.loader.presets import config_from_dict
+from wick.models.registry import get_model_class
+
+_LAYER = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
+_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight"}
+
+
+def _llama_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """llama.cpp's interleaved rotary row order of Q and K (llama architecture only)."""
+    return w.reshape(num_heads, 2, w.shape[0] // num_heads // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _gguf_tensors(model: PreTrainedModel, arch: str) -> dict[str, torch.Tensor]:
+    cfg = model.config
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if name in _TOP:
+            out[_TOP[name]] = tensor
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        if rest == "mlp.experts.gate_up_proj":  # transformers 5 holds [E, 2I, H]: gate rows, then up rows
+            gate, up = tensor.chunk(2, dim=1)
+            out[f"blk.{layer}.ffn_gate_exps.weight"], out[f"blk.{layer}.ffn_up_exps.weight"] = gate, up
+            continue
+        if rest == "mlp.experts.down_proj":
+            out[f"blk.{layer}.ffn_down_exps.weight"] = tensor
+            continue
+        module, kind = rest.rsplit(".", 1)
+        if arch == "llama" and module in ("self_attn.q_proj", "self_attn.k_proj"):
+            heads = cfg.num_attention_heads if module.endswith("q_proj") else cfg.num_key_value_heads
+            tensor = _llama_rows(tensor, heads)
+        if module == "mlp.shared_expert_gate":
+            tensor = tensor.reshape(-1)
+        out[f"blk.{layer}.{_LAYER[module]}.{kind}"] = tensor
+    return out
+
+
+def _write(path: Path, model: PreTrainedModel, arch: str) -> None:
+    cfg = model.config
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(cfg.num_hidden_layers)
+    writer.add_context_length(cfg.max_position_embeddings)
+    writer.add_embedding_length(cfg.hidden_size)
+    writer.add_feed_forward_length(cfg.intermediate_size)
+    writer.add_head_count(cfg.num_attention_heads)
+    writer.add_head_count_kv(cfg.num_key_value_heads)
+    writer.add_key_length(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    writer.add_expert_count(cfg.num_local_experts if arch == "llama" else cfg.num_experts)
+    writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if arch != "llama":
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    if arch == "qwen2moe":
+        writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+    for name, tensor in _gguf_tensors(model, arch).items():
+        writer.add_tensor(name, tensor.contiguous().numpy().astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+_SIZES = dict(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=512, num_experts_per_tok=2, tie_word_embeddings=False)
+CASES = {
+    "qwen3moe": ("qwen3_moe", dict(head_dim=32, num_experts=6, moe_intermediate_size=32, norm_topk_prob=True)),
+    "qwen2moe": ("qwen2_moe", dict(num_experts=6, moe_intermediate_size=32, shared_expert_intermediate_size=80,
+                                   norm_topk_prob=False)),
+    "llama": ("mixtral", dict(num_local_experts=4)),
+}
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_experts_load_as_from_the_hf_checkpoint(arch: str, tmp_path: Path) -> None:
+    model_type, options = CASES[arch]
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **_SIZES, **options),
+                                          dtype=torch.float32)
+    path = tmp_path / f"tiny-{arch}.gguf"
+    _write(path, hf, arch)
+
+    config = config_from_dict(load_gguf_config(path))
+    assert config.model_type == model_type
+    for key in ("num_experts_per_tok", "hidden_size", "num_key_value_heads", *options):
+        assert getattr(config, key) == getattr(hf.config, key), key
+    from_gguf = get_model_class(config.architectures)(config)
+    loaded = from_gguf.load_weights(iter_gguf_weights(str(path)))
+    assert loaded == {name for name, _ in from_gguf.named_parameters()}
+    from_hf = get_model_class([type(hf).__name__])(hf.config)
+    from_hf.load_weights(hf.state_dict().items())
+    theirs = dict(from_hf.named_parameters())
+    for name, param in from_gguf.named_parameters():
+        assert torch.equal(param, theirs[name]), name

@@ -1,0 +1,1 @@
+"""Mixture-of-experts: routing, the expert weights and the fused-experts computation."""

@@ -1,0 +1,117 @@
+"""The experts of an MoE layer as two stacked weights, and the computation over them.
+
+w13 [E, 2 * I, H] holds each expert's gate and up projections side by side, w2 [E, H, I] its down
+projection. Under tensor parallelism each rank holds every expert's slice of the intermediate
+dimension I (gate/up rows, down columns) and the partial outputs are all-reduced, as a row-parallel
+linear's are. On CUDA the fused Triton kernel runs; elsewhere the torch reference below.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
+from wick.layers.linear import divide
+from wick.layers.moe.routing import select_experts
+
+if TYPE_CHECKING:
+    from wick.models.config import MoeSpec
+
+
+def fused_experts_ref(
+    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+) -> torch.Tensor:
+    """sum_k weight_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's chosen experts e = ids_k."""
+    out = torch.zeros_like(x)
+    flat_ids = topk_ids.flatten()
+    order = flat_ids.argsort(stable=True)
+    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    top_k = topk_ids.shape[1]
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = order[start:start + count]
+        start += count
+        tokens = rows // top_k
+        gate, up = F.linear(x[tokens], w13[expert]).chunk(2, dim=-1)
+        y = F.linear(F.silu(gate) * up, w2[expert])
+        out.index_add_(0, tokens, (y * topk_weights.flatten()[rows, None]).to(x.dtype))
+    return out
+
+
+class RouterLinear(nn.Module):
+    """The replicated router: hidden [T, H] -> logits [T, E]; DeepSeek V3 adds a correction bias."""
+
+    def __init__(self, hidden_size: int, num_experts: int, correction_bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.weight.weight_loader = _replicated_loader
+        if correction_bias:
+            bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
+            bias.weight_loader = _replicated_loader
+            self.e_score_correction_bias = bias
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+def _replicated_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: None = None) -> None:
+    if param.shape != loaded_weight.shape:
+        raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded_weight.shape)}")
+    param.data.copy_(loaded_weight)
+
+
+class FusedMoE(nn.Module):
+    """Routes each token to its top-k experts and sums their weighted outputs."""
+
+    def __init__(self, spec: MoeSpec, hidden_size: int) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tp_rank = tp_rank()
+        self.tp_size = tp_world_size()
+        self.intermediate_size = divide(spec.intermediate_size, self.tp_size)
+        e, i = spec.num_experts, self.intermediate_size
+        self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, hidden_size), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, i), requires_grad=False)
+        self.w13_weight.weight_loader = self.weight_loader
+        self.w2_weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[str, int | None]) -> None:
+        """shard_id (kind, expert): kind "gate", "up" or "down" of one expert's [out, in] matrix, or
+        "gate_up" / "down" of all experts at once ([E, 2 * I, H] / [E, H, I], expert None)."""
+        kind, expert = shard_id
+        i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
+        target = param.data if expert is None else param.data[expert]
+        if kind == "down":
+            target.copy_(loaded.narrow(-1, start, i))
+        elif kind == "gate_up":
+            full = loaded.shape[-2] // 2
+            target[:, :i].copy_(loaded[:, start:start + i])
+            target[:, i:].copy_(loaded[:, full + start:full + start + i])
+        elif kind in ("gate", "up"):
+            offset = 0 if kind == "gate" else i
+            target.narrow(0, offset, i).copy_(loaded.narrow(0, start, i))
+        else:
+            raise ValueError(f"unknown expert shard {kind!r}")
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
+                correction_bias: torch.Tensor | None = None) -> torch.Tensor:
+        spec = self.spec
+        weights, ids = select_experts(
+            router_logits, spec.top_k, spec.renormalize, spec.scoring, spec.num_expert_group, spec.topk_group,
+            spec.group_score, correction_bias, spec.routed_scaling_factor)
+        if x.is_cuda:
+            # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+            from wick.kernels.fused_moe import fused_experts
+
+            out = fused_experts(x, self.w13_weight, self.w2_weight, weights, ids)
+        else:
+            out = fused_experts_ref(x, self.w13_weight, self.w2_weight, weights, ids)
+        return tp_all_reduce(out)
