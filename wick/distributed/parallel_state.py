@@ -15,6 +15,8 @@ _control_group: dist.ProcessGroup | None = None
 def init_distributed(rank: int, world_size: int, init_method: str, backend: str) -> None:
     """Joins the tensor-parallel group as `rank` (every rank calls this with the same init_method)."""
     global _control_group
+    if dist.is_initialized():
+        raise ValueError("this process already runs a tensor-parallel engine on GPUs; start another process")
     timeout = _CONTROL_TIMEOUT if backend == "gloo" else timedelta(minutes=10)
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
     _control_group = (dist.group.WORLD if backend == "gloo"
@@ -28,12 +30,10 @@ def control_group() -> dist.ProcessGroup:
 
 
 def destroy_distributed() -> None:
-    """Leaves the groups, so that this process may join new ones. NCCL's orderly destroy can wait on
-    the other ranks (here already gone or going), so NCCL groups are aborted instead."""
+    """Leaves gloo groups, so that this process may join new ones. NCCL groups stay until the process
+    exits: their destroy and abort both wait on the other ranks (measured on two H200s), which have
+    gone or are going, so a process runs one tensor-parallel engine on GPUs."""
     global _control_group
-    if dist.is_initialized():
-        if dist.get_backend() == "nccl":
-            dist.distributed_c10d._abort_process_group()
-        else:
-            dist.destroy_process_group()
-    _control_group = None
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        dist.destroy_process_group()
+        _control_group = None
