@@ -1,0 +1,63 @@
+"""Where one decode step's time goes on rank 0 at batch 1: the broadcast of the step to the other
+ranks (tensor parallelism), the model runner's host work up to the graph launch (execute), and the
+sampling that waits for the GPU (sample). Wraps the calls with timers; prints means per step."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from benchmarks.common import print_environment
+from wick import LLM, SamplingParams
+from wick.worker.worker import Worker
+
+_times: dict[str, list[float]] = defaultdict(list)
+
+
+def _timed(fn: Callable, key: str) -> Callable:
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        result = fn(*args, **kwargs)
+        _times[key].append(time.perf_counter() - start)
+        return result
+
+    return wrapper
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="llama-3.1-8b")
+    parser.add_argument("--output-len", type=int, default=256)
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    args = parser.parse_args()
+    print_environment()
+    dist.broadcast_object_list = _timed(dist.broadcast_object_list, "broadcast of the step")
+    Worker.execute_and_sample = _timed(Worker.execute_and_sample, "whole step on rank 0")
+    llm = LLM(args.model, load_format="dummy", max_model_len=1024, max_num_seqs=16,
+              attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
+              tensor_parallel_size=args.tensor_parallel_size)
+    runner = llm.core.executor.worker.runner
+    runner.execute_model = _timed(runner.execute_model, "execute (host work, forward launched)")
+    runner.sample_tokens = _timed(runner.sample_tokens, "sample (waits for the GPU)")
+    prompt = list(range(1000, 1128))
+    llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))
+    _times.clear()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate([prompt], SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0))
+    elapsed = time.perf_counter() - start
+    print(f"TP={args.tensor_parallel_size}: {args.output_len / elapsed:,.0f} tokens/s, "
+          f"{elapsed / args.output_len * 1e3:.2f} ms per step")
+    for key, values in _times.items():
+        print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step ({len(values)} calls)")
+
+
+if __name__ == "__main__":
+    main()
