@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from wick.sampling_params import SamplingParams, StructuredOutputsParams
 from wick.tools.base import ToolCall, ToolCallDelta, ToolParser, new_tool_call_id
 from wick.tools.reasoning import ReasoningParser
-from wick.tools.tool_choice import ForcedCall, parse_forced
+from wick.tools.tool_choice import ForcedCall, parse_forced, within_budget
 
 
 @dataclass
@@ -97,11 +97,14 @@ class ChatOutputParser:
 
 
 def tool_call_params(params: SamplingParams, parser: ChatOutputParser, forced: ForcedCall | None) -> SamplingParams:
-    """`params` for an output that `parser` reads: held to the forced call's schema, special tokens kept if needed."""
+    """`params` for an output that `parser` reads: held to the forced call's schema (its strings bounded to
+    max_tokens), special tokens kept if needed."""
     changes: dict[str, object] = {}
     if forced is not None:
         if params.structured_outputs is not None:
             raise ValueError("a forced tool_choice is itself a structured output; sampling params cannot add another")
+        if params.max_tokens is not None:
+            forced = within_budget(forced, params.max_tokens)
         changes["structured_outputs"] = StructuredOutputsParams(json=forced.schema)
     if parser.needs_special_tokens:
         changes["skip_special_tokens"] = False

@@ -94,8 +94,8 @@ def forced_call(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str,
 def within_budget(forced: ForcedCall, max_tokens: int) -> ForcedCall:
     """`forced` with a maxLength on each string its schema leaves unbounded, so that the call's object can close
     within `max_tokens` (a string of n characters takes at most n tokens of ordinary text): the room left after
-    the schema's own keys is shared among those strings. A sampled model then ends its arguments instead of
-    running a string on until max_tokens cuts the call."""
+    the schema's keys and punctuation (counted at two characters a token) is shared among those strings. A sampled
+    model then ends its arguments instead of running a string on until max_tokens cuts the call."""
     schema = json.loads(json.dumps(forced.schema))
     open_strings: list[dict[str, Any]] = []
     keys = 0
@@ -118,8 +118,8 @@ def within_budget(forced: ForcedCall, max_tokens: int) -> ForcedCall:
                 stack.append(node[key])
     if not open_strings:
         return forced
-    room = max_tokens - keys - 8
-    if room < 8 * len(open_strings):
+    room = max_tokens - keys // 2 - 4
+    if room < 4 * len(open_strings):
         return forced  # too little room to bound anything usefully: max_tokens will cut the call
     for node in open_strings:
         node["maxLength"] = room // len(open_strings)
