@@ -1,6 +1,7 @@
 """The soak's mixed traffic: one coroutine per kind of request, each returning what it saw and, when the
-answer is not what that request should get, why. Every generation request may also get a 429: bursts
-fill the queue on purpose. No answer may be a 5xx or a broken connection."""
+answer is not what that request should get, why. Every request to a generation route may also get a
+429 (bursts fill the queue on purpose), except those refused before the queue is looked at (a wrong
+API key, a declared body over the limit). No answer may be a 5xx or a broken connection."""
 
 from __future__ import annotations
 
@@ -157,6 +158,8 @@ class Traffic:
             if kind == "too_large":  # the server may close before the whole body is sent
                 return [Outcome(f"bad_request:{kind}", 413)]
             return [Outcome(f"bad_request:{kind}", 0, f"{type(e).__name__}: {e}")]
+        if kind not in ("key", "too_large"):  # refused on arrival, before the queue bound is looked at
+            expected.add(429)
         outcome = _expect(f"bad_request:{kind}", response.status_code, expected)
         if outcome.problem is None and "error" not in response.json():
             outcome.problem = "an error status without an OpenAI error body"
