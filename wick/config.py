@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 import torch
 from transformers import PretrainedConfig
 
+from wick.layers.quantization import normalize_quantization, resolve_quantization
+from wick.layers.quantization.base import QuantizationConfig
+from wick.loader.gguf_loader import gguf_file_type
 from wick.loader.model_source import ModelSource, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -42,6 +45,8 @@ class EngineArgs:
     seed: int = 0
     chat_template: str | None = None
     trust_remote_code: bool = False
+    # Weights' format: None reads it from the checkpoint; an ISQ type (q4_k, q8_0, fp8...) quantizes at load.
+    quantization: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -54,6 +59,7 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        self.quantization = normalize_quantization(self.quantization)
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet")
 
@@ -75,11 +81,14 @@ class EngineArgs:
             max_model_len = window
         if max_model_len > max_position:
             logger.warning("max_model_len %d exceeds the model's %d positions", max_model_len, max_position)
+        file_type = gguf_file_type(source.gguf_file) if source.kind == "gguf" else None
+        quant_config = resolve_quantization(self.quantization, source.kind, hf_config, file_type)
         max_batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
         if not self.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
         return EngineConfig(args=self, source=source, hf_config=hf_config, device=device, dtype=dtype,
-                            max_model_len=max_model_len, max_num_batched_tokens=max_batched)
+                            max_model_len=max_model_len, max_num_batched_tokens=max_batched,
+                            quant_config=quant_config)
 
 
 @dataclass
@@ -92,6 +101,7 @@ class EngineConfig:
     max_model_len: int
     max_num_batched_tokens: int
     extra: dict = field(default_factory=dict)
+    quant_config: QuantizationConfig | None = None
 
     @property
     def max_num_seqs(self) -> int:

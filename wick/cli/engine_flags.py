@@ -29,6 +29,15 @@ def add_engine_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--chat-template", default=None)
+    _add_quantization_flags(parser)
+
+
+def _add_quantization_flags(parser: argparse.ArgumentParser) -> None:
+    # vLLM's --quantization/-q; --isq is candle-vllm's name (q4k spellings accepted).
+    parser.add_argument("--quantization", "-q", "--isq", default=None, metavar="METHOD",
+                        help="weights' format: read from the checkpoint when unset (GGUF, GPTQ, AWQ, FP8); "
+                             "q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k or fp8 quantize a full-precision "
+                             "checkpoint while it loads")
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:
@@ -39,4 +48,5 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-        tensor_parallel_size=args.tensor_parallel_size, seed=args.seed, chat_template=args.chat_template)
+        tensor_parallel_size=args.tensor_parallel_size, seed=args.seed, chat_template=args.chat_template,
+        quantization=args.quantization)

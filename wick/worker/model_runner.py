@@ -15,6 +15,7 @@ from wick.engine.request import Request
 from wick.layers.attention.layer import Attention
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
 from wick.layers.attention.selector import get_attention_backend
+from wick.layers.quantization.base import quantization_scope
 from wick.layers.sampler import LogprobsTensors, Sampler, SamplingMetadata, compute_prompt_logprobs
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
@@ -53,11 +54,11 @@ class ModelRunner:
         previous = torch.get_default_dtype()
         torch.set_default_dtype(cfg.dtype)
         try:
-            with torch.device(self.device):
+            with torch.device(self.device), quantization_scope(cfg.quant_config):
                 model = model_cls(cfg.hf_config)
         finally:
             torch.set_default_dtype(previous)
-        load_weights(model, cfg.source, seed=cfg.args.seed)
+        load_weights(model, cfg.source, seed=cfg.args.seed, quant_config=cfg.quant_config)
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:

@@ -49,6 +49,11 @@ class LinearMethod(ABC):
         """Repack the loaded weights for `apply` (called once every shard is loaded); nothing by default."""
         return None
 
+    def initialize_dummy(self, layer: nn.Module, generator: torch.Generator, low: float, high: float) -> None:
+        """Give the layer random weights in its format (floats uniform in [low, high] before any
+        quantization); float parameters are already filled by the dummy loader."""
+        return None
+
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """y = x W^T (+ bias) for x of shape [..., input_size]."""
