@@ -12,11 +12,11 @@ from wick.cli.main import build_parser, main
     ([], None), (["--quantization", "fp8"], "fp8"), (["-q", "Q4_K"], "q4_k"), (["--isq", "q4k"], "q4_k"),
 ])
 def test_quantization_flags(flags: list[str], expected: str | None) -> None:
-    args = build_parser().parse_args(["generate", "hello", *flags])
+    args = build_parser().parse_args(["generate", "-p", "hello", *flags])
     assert engine_args_from(args).quantization == expected
 
 
 def test_unknown_quantization_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "hello", "--isq", "q9k"]) == 2
+    assert main(["generate", "-p", "hello", "--isq", "q9k"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown quantization 'q9k'" in err

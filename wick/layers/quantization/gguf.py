@@ -53,8 +53,14 @@ class GGUFWeight:
         return dequantize(self.data, self.qtype, self.shape).to(dtype)
 
 
+_FLOAT_TYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
+                GGMLQuantizationType.BF16: torch.bfloat16}
+
+
 def gguf_linear(x: torch.Tensor, weight: GGUFWeight) -> torch.Tensor:
     """x [..., columns] @ dequantized(weight)^T -> [..., rows], in x's dtype."""
+    if weight.qtype in _FLOAT_TYPES:
+        return x @ weight.data.view(_FLOAT_TYPES[weight.qtype]).to(x.dtype).t()
     if x.is_cuda and weight.qtype in _triton_types():
         from wick.kernels.gguf_matmul import gguf_matmul
 
