@@ -87,14 +87,15 @@ class LinearBase(nn.Module):
             target[self.shard_index(shard_id)].copy_(loaded_weight.reshape(()))
             return
         output_dim = getattr(param, "output_dim", None)
-        if output_dim is not None:
-            offset, size, start = self.output_shard(shard_id)
+        offset, size, start = self.output_shard(shard_id)
+        # A parameter covering the whole dimension is copied whole (block scales may round its size up).
+        if output_dim is not None and (offset, size, start) != (0, self.output_size, 0):
             pack = getattr(param, "output_pack", 1)
             what = "an output shard"
             target = target.narrow(output_dim, _packed(offset, pack, what), _packed(size, pack, what))
             loaded_weight = loaded_weight.narrow(output_dim, _packed(start, pack, what), _packed(size, pack, what))
         input_dim = getattr(param, "input_dim", None)
-        if input_dim is not None:
+        if input_dim is not None and self.input_is_sharded:
             start, size = self.input_shard()
             pack = getattr(param, "input_pack", 1)
             loaded_weight = loaded_weight.narrow(input_dim, _packed(start, pack, "an input shard"),
@@ -176,7 +177,10 @@ class RowParallelLinear(LinearBase):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__(divide(input_size, tp_world_size()), [output_size], bias)
-        self.input_is_sharded = self.tp_size > 1
+
+    @property
+    def input_is_sharded(self) -> bool:  # type: ignore[override]
+        return self.tp_size > 1
 
     def input_shard(self) -> tuple[int, int]:
         return self.tp_rank * self.input_size, self.input_size
