@@ -20,6 +20,7 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
+_KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 CPU_KV_CACHE_BYTES = 2 << 30
 
 
@@ -47,6 +48,8 @@ class EngineArgs:
     trust_remote_code: bool = False
     # Weights' format: None reads it from the checkpoint; an ISQ type (q4_k, q8_0, fp8...) quantizes at load.
     quantization: str | None = None
+    # "auto": the model's dtype; "fp8" (= "fp8_e4m3"): e4m3 pages, twice the tokens in the same memory.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -60,6 +63,9 @@ class EngineArgs:
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
         self.quantization = normalize_quantization(self.quantization)
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto or one of {', '.join(_KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size > 1 is not supported yet")
 
@@ -88,7 +94,8 @@ class EngineArgs:
             max_batched = max(max_batched, max_model_len)
         return EngineConfig(args=self, source=source, hf_config=hf_config, device=device, dtype=dtype,
                             max_model_len=max_model_len, max_num_batched_tokens=max_batched,
-                            quant_config=quant_config)
+                            quant_config=quant_config,
+                            kv_cache_dtype=_KV_CACHE_DTYPES.get(self.kv_cache_dtype, dtype))
 
 
 @dataclass
@@ -102,6 +109,11 @@ class EngineConfig:
     max_num_batched_tokens: int
     extra: dict = field(default_factory=dict)
     quant_config: QuantizationConfig | None = None
+    kv_cache_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype is None:
+            self.kv_cache_dtype = self.dtype
 
     @property
     def max_num_seqs(self) -> int:

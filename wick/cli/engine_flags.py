@@ -38,6 +38,10 @@ def _add_quantization_flags(parser: argparse.ArgumentParser) -> None:
                         help="weights' format: read from the checkpoint when unset (GGUF, GPTQ, AWQ, FP8); "
                              "q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k or fp8 quantize a full-precision "
                              "checkpoint while it loads")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                        help="fp8: e4m3 KV pages, twice the tokens in the same memory")
+    parser.add_argument("--fp8-kvcache", dest="kv_cache_dtype", action="store_const", const="fp8",
+                        help="candle-vllm's name for --kv-cache-dtype fp8")
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:
@@ -49,4 +53,4 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
         tensor_parallel_size=args.tensor_parallel_size, seed=args.seed, chat_template=args.chat_template,
-        quantization=args.quantization)
+        quantization=args.quantization, kv_cache_dtype=args.kv_cache_dtype)

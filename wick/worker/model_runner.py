@@ -42,7 +42,7 @@ class ModelRunner:
         self.block_size = config.block_size
         self.model = self._load_model()
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, Attention)]
-        self.backend = get_attention_backend(config.args.attention_backend, self.device)
+        self.backend = get_attention_backend(config.args.attention_backend, self.device, config.kv_cache_dtype)
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
         self.num_blocks = 0
@@ -63,7 +63,7 @@ class ModelRunner:
 
     def kv_bytes_per_block(self) -> int:
         layer = self.attention_layers[0]
-        elem = torch.empty((), dtype=self.config.dtype).element_size()
+        elem = torch.empty((), dtype=self.config.kv_cache_dtype).element_size()
         per_layer = 2 * self.block_size * layer.num_kv_heads * layer.head_dim * elem
         return per_layer * len(self.attention_layers)
 
@@ -116,8 +116,8 @@ class ModelRunner:
         self.num_blocks = num_blocks
         for layer in self.attention_layers:
             shape = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.k_cache = torch.zeros(shape, dtype=self.config.dtype, device=self.device)
-            layer.v_cache = torch.zeros(shape, dtype=self.config.dtype, device=self.device)
+            layer.k_cache = torch.zeros(shape, dtype=self.config.kv_cache_dtype, device=self.device)
+            layer.v_cache = torch.zeros(shape, dtype=self.config.kv_cache_dtype, device=self.device)
 
     def capture_cuda_graphs(self) -> None:
         """Captures decode graphs when the device and the attention backend allow it."""

@@ -29,11 +29,14 @@ class AttentionBackend(ABC):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Paged attention over one packed batch.
 
         q [T, H, D], k and v [T, Hkv, D]: the batch's new tokens. k_cache, v_cache
         [num_blocks, block_size, Hkv, D]. First writes k/v to the cache at metadata.slot_mapping
         (slots < 0 are skipped), then each request's new queries attend causally to its whole
-        context read through its block table. Returns [T, H, D].
+        context read through its block table. Returns [T, H, D]. An fp8 (e4m3) cache holds
+        K / k_scale and V / v_scale.
         """

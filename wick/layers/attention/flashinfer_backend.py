@@ -87,8 +87,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping)
+        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         if metadata is not self._planned_for:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("FlashInfer plans on the host: call prepare() or run the step once before capture")
@@ -100,7 +102,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         assert self._wrapper is not None
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         out = q.new_empty(q.shape) if num_request_tokens == q.shape[0] else q.new_zeros(q.shape)
-        self._wrapper.run(q[:num_request_tokens], (k_cache, v_cache), out=out[:num_request_tokens])
+        scales = {} if (k_scale, v_scale) == (1.0, 1.0) else {"k_scale": k_scale, "v_scale": v_scale}
+        self._wrapper.run(q[:num_request_tokens], (k_cache, v_cache), out=out[:num_request_tokens], **scales)
         return out
 
     def _plan(self, metadata: AttentionMetadata, shape: _Shape) -> None:

@@ -12,7 +12,8 @@ class Attention(nn.Module):
     """q [T, H*D], k and v [T, Hkv*D] -> [T, H*D].
 
     k_cache and v_cache ([num_blocks, block_size, Hkv, D]) are assigned by the model runner once
-    it has allocated the KV cache.
+    it has allocated the KV cache. An fp8 cache holds K / k_scale and V / v_scale; the scales are
+    1.0 (vLLM's default when a checkpoint brings none), and e4m3 saturates at 448.
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
@@ -23,6 +24,8 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         context = get_forward_context()
@@ -34,5 +37,7 @@ class Attention(nn.Module):
             self.v_cache,
             context.attn_metadata,
             self.scale,
+            self.k_scale,
+            self.v_scale,
         )
         return out.view(-1, self.num_heads * self.head_dim)

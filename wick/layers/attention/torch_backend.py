@@ -1,10 +1,12 @@
-"""Reference paged attention: gather each request's pages and run SDPA. Any dtype, any device."""
+"""Reference paged attention: gather each request's pages and run SDPA. Any dtype, any device; an fp8
+cache is converted back to the queries' dtype and scaled."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from wick.kernels.kv_cache_write import as_storable, write_pages
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
 
@@ -19,12 +21,15 @@ class TorchAttentionBackend(AttentionBackend):
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         write = metadata.slot_mapping >= 0
         slots = metadata.slot_mapping[write]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[write])
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[write])
+        write_pages(k_cache, slots, k[write], k_scale)
+        write_pages(v_cache, slots, v[write], v_scale)
+        scaled = k_cache.dtype != q.dtype
 
         group = q.shape[1] // num_kv_heads
         out = torch.zeros_like(q)
@@ -33,8 +38,11 @@ class TorchAttentionBackend(AttentionBackend):
             start, end = starts[i], starts[i + 1]
             query_len = end - start
             blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
-            keys = k_cache[blocks].flatten(0, 1)[:seq_len].repeat_interleave(group, dim=1)
-            values = v_cache[blocks].flatten(0, 1)[:seq_len].repeat_interleave(group, dim=1)
+            keys = as_storable(k_cache)[blocks].flatten(0, 1)[:seq_len].view(k_cache.dtype)
+            values = as_storable(v_cache)[blocks].flatten(0, 1)[:seq_len].view(v_cache.dtype)
+            if scaled:
+                keys, values = keys.to(q.dtype) * k_scale, values.to(q.dtype) * v_scale
+            keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
             # query j sits at position seq_len - query_len + j and sees keys up to there
             query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
             mask = torch.arange(seq_len, device=q.device) <= query_pos[:, None]
