@@ -49,13 +49,10 @@ def copy_bandwidth(num_bytes: int = 2 << 30, repeats: int = 10) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes one forward pass must read: every parameter once (the embedding table only sparsely)."""
-    total = 0
-    for name, param in model.named_parameters():
-        if "embed_tokens" in name and not model.config.tie_word_embeddings:
-            continue
-        total += param.numel() * param.element_size()
-    return total
+    """Bytes one forward pass must read: every weight once, packed as held (the embedding table only sparsely)."""
+    from wick.loader.weights import weights_nbytes
+
+    return weights_nbytes(model, skip_embedding=True)
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:

@@ -59,13 +59,17 @@ def _load_checkpoint(model: nn.Module, source: ModelSource, packed: bool, desc: 
                          f"{shown}{more}")
 
 
-def weights_nbytes(model: nn.Module) -> int:
-    """Bytes of the model's weights as held: parameters (shared ones once) and packed GGUF parts."""
+def weights_nbytes(model: nn.Module, skip_embedding: bool = False) -> int:
+    """Bytes of the model's weights as held: parameters (shared ones once) and what quantization methods
+    hold beside them; `skip_embedding` leaves out an untied input embedding (a forward reads it sparsely)."""
     seen: set[int] = set()
     total = 0
-    tensors = [p.data for p in model.parameters()]
+    tensors = [p.data for name, p in model.named_parameters()
+               if not (skip_embedding and "embed_tokens" in name and not model.config.tie_word_embeddings)]
     for module in model.modules():
-        tensors += [part.data for part in getattr(module, "gguf_parts", ())]
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            tensors += method.held_tensors(module)
     for tensor in tensors:
         key = tensor.data_ptr()
         if tensor.numel() and key not in seen:

@@ -61,6 +61,9 @@ def resolve_quantization(requested: str | None, kind: str, hf_config: Pretrained
             raise ValueError(f"the checkpoint is quantized with {method or 'an unnamed method'}; "
                              f"it cannot be loaded as {name}")
         return _from_checkpoint(method, stored)
+    if name in ("gptq", "awq") and kind == "dummy":
+        # Random weights in the format's usual shape: 4-bit, groups of 128.
+        return _from_checkpoint(name, {"quant_method": name, "bits": 4, "group_size": 128})
     if name in ("gptq", "awq"):
         raise ValueError(f"quantization {name} needs a checkpoint whose config.json has a {name} "
                          "quantization_config; for in-situ quantization choose one of "

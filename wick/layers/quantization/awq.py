@@ -93,5 +93,8 @@ class AWQLinearMethod(LinearMethod):
         fill_dummy_wna16(layer, generator, _BITS, high)
         layer.qzeros.data.fill_(0x88888888 - (1 << 32))
 
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        return [layer.wna16_zeros, layer.g_idx]
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_wna16(layer, x, bias)

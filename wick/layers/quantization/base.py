@@ -49,6 +49,10 @@ class LinearMethod(ABC):
         """Repack the loaded weights for `apply` (called once every shard is loaded); nothing by default."""
         return None
 
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        """Weight tensors the method keeps outside the layer's parameters (for the size in the load log)."""
+        return []
+
     def initialize_dummy(self, layer: nn.Module, generator: torch.Generator, low: float, high: float) -> None:
         """Give the layer random weights in its format (floats uniform in [low, high] before any
         quantization); float parameters are already filled by the dummy loader."""

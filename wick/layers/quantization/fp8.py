@@ -133,6 +133,9 @@ class Fp8LinearMethod(LinearMethod):
             layer.weight_scale.data.fill_(high / FP8_MAX)
             layer.weight.data = (weight / (high / FP8_MAX)).to(torch.float8_e4m3fn)
 
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        return [layer.fp8_scale]
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9):
             from wick.kernels.fp8_matmul import fp8_matmul

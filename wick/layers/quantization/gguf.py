@@ -155,6 +155,9 @@ class GGUFLinearMethod(LinearMethod):
         layer.gguf_parts = parts
         layer.gguf_shards = {}
 
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        return [part.data for part in layer.gguf_parts]
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_gguf_parts(layer.gguf_parts, x, bias)
 

@@ -94,6 +94,9 @@ class GPTQLinearMethod(LinearMethod):
             layer.g_idx.data.copy_(torch.arange(layer.g_idx.numel(), device=layer.g_idx.device) // layer.wna16_group
                                    % layer.scales.shape[0])
 
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        return [layer.wna16_zeros]
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_wna16(layer, x, bias)
 

@@ -90,5 +90,8 @@ class InSituGGUFMethod(LinearMethod):
         if layer.isq_pending:
             raise ValueError("a layer to quantize in situ is missing some of its merged shards")
 
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        return [part.data for part in layer.gguf_parts]
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_gguf_parts(layer.gguf_parts, x, bias)
