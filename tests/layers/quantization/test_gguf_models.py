@@ -77,3 +77,20 @@ def test_qwen_process_grows_by_at_most_one_and_a_half_files(qwen_gguf: str) -> N
                             check=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     growth = int(result.stdout.split()[-1])
     assert growth <= 1.5 * os.path.getsize(qwen_gguf), f"grew {growth / 2**20:.0f} MiB"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_qwen_packed_on_gpu_agrees_with_dequantized_cpu(qwen_gguf: str, backend: str) -> None:
+    """The Triton GGUF kernels in bf16 against the fp32 dequantized path, position by position."""
+    from wick import LLM, SamplingParams
+
+    path = qwen_gguf
+    ids = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))(TEXT)["input_ids"]
+    expected = _teacher_forced_argmax(_model(path, packed=False), ids).tolist()
+    llm = LLM(path, device="cuda", dtype="bfloat16", max_model_len=512, attention_backend=backend)
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
+    top = [next(t for t, lp in entry.items() if lp.rank == 1) for entry in out.prompt_logprobs[1:]]
+    agree = sum(a == b for a, b in zip(top, expected[:-1], strict=True)) / len(top)
+    assert agree >= 0.95, f"{agree:.1%} of positions agree"
