@@ -75,3 +75,21 @@ def test_spellings_and_bad_names() -> None:
     assert EngineArgs(quantization="q6k").quantization == "q6_k"
     with pytest.raises(ValueError, match="unknown quantization 'q7k'"):
         EngineArgs(quantization="q7k")
+
+
+def test_llm_quantizes_in_situ_through_the_public_api(tiny_llama_dir: str) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from wick import LLM, SamplingParams
+
+    llm = LLM(tiny_llama_dir, quantization="q8_0", max_model_len=128, max_num_seqs=2)
+    layer = llm.core.runner.model.model.layers[0].mlp.gate_up_proj
+    assert [part.qtype for part in layer.gguf_parts] == [T.Q8_0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32).eval()
+    reference = reference_with(hf, lambda _, w: _dequantized_by_gguf(quantize(w, T.Q8_0), T.Q8_0, tuple(w.shape)))
+    ids = torch.randint(3, hf.config.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).tolist()
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0))[0]
+    with torch.no_grad():
+        expected = torch.log_softmax(reference(torch.tensor([ids])).logits[0], dim=-1)
+    for position, entry in enumerate(out.prompt_logprobs[1:]):
+        assert abs(entry[ids[position + 1]].logprob - expected[position, ids[position + 1]].item()) < 1e-3
