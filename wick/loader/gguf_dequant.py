@@ -153,7 +153,7 @@ _FLOAT_TYPES = {
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_BLOCK_DECODERS) | frozenset(_FLOAT_TYPES)
 
 
-def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+def as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of raw, without copying when it is already contiguous."""
     if isinstance(raw, torch.Tensor):
         return raw.contiguous().reshape(-1).view(torch.uint8)
@@ -175,7 +175,7 @@ def dequantize(
     qtype = GGMLQuantizationType(qtype)
     if qtype not in SUPPORTED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
-    data = _as_bytes(raw)
+    data = as_bytes(raw)
     numel = int(np.prod(shape))
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if numel % block_size or data.numel() != numel // block_size * type_size:
