@@ -1,4 +1,5 @@
-"""An fp8 (e4m3) KV cache: the Triton page writer and paged attention against their torch references."""
+"""An fp8 (e4m3) KV cache: the Triton page writer and paged attention (also with a sliding window and soft-capped
+logits) against their torch references."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def test_write_matches_reference(scale: float) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_attention_over_fp8_pages(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("window", "soft_cap"), [(None, None), (6, 2.0)])
+def test_attention_over_fp8_pages(dtype: torch.dtype, window: int | None, soft_cap: float | None) -> None:
     torch.manual_seed(1)
     num_blocks, block_size, kv_heads, head_dim = 16, 4, 2, 32
     k_cache = (torch.randn(num_blocks, block_size, kv_heads, head_dim) * 4).to(FP8).to(DEVICE)
@@ -40,8 +42,10 @@ def test_attention_over_fp8_pages(dtype: torch.dtype) -> None:
     seq_lens = torch.tensor([13, 9], dtype=torch.int32, device=DEVICE)
     tables = torch.randperm(num_blocks, device=DEVICE)[:8].reshape(2, 4).to(torch.int32)
     q = torch.randn(6, 4, head_dim, device=DEVICE).to(dtype)
-    out = paged_attention(q, k_cache, v_cache, query_start, seq_lens, tables, 0.2, 5, 13, k_scale=0.5, v_scale=0.25)
-    expected = paged_attention_ref(q, k_cache, v_cache, query_start, seq_lens, tables, 0.2, 0.5, 0.25)
+    out = paged_attention(q, k_cache, v_cache, query_start, seq_lens, tables, 0.2, 5, 13, k_scale=0.5, v_scale=0.25,
+                          sliding_window=window, logits_soft_cap=soft_cap)
+    expected = paged_attention_ref(q, k_cache, v_cache, query_start, seq_lens, tables, 0.2, sliding_window=window,
+                                   logits_soft_cap=soft_cap, k_scale=0.5, v_scale=0.25)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-3
     torch.testing.assert_close(out.float(), expected.float(), atol=tolerance, rtol=tolerance)
 
@@ -57,5 +61,5 @@ def test_attention_over_fp8_pages_bf16_split() -> None:
     seq_lens = torch.tensor([2000, 17, 1024, 3000], dtype=torch.int32, device=DEVICE)
     tables = torch.randperm(512, device=DEVICE)[:4 * 188].reshape(4, 188).to(torch.int32)
     out = paged_attention(q, k_cache, v_cache, query_start, seq_lens, tables, 0.088, 1, 3000, k_scale=2.0)
-    expected = paged_attention_ref(q, k_cache, v_cache, query_start, seq_lens, tables, 0.088, 2.0, 1.0)
+    expected = paged_attention_ref(q, k_cache, v_cache, query_start, seq_lens, tables, 0.088, k_scale=2.0)
     torch.testing.assert_close(out.float(), expected.float(), atol=2e-2, rtol=2e-2)

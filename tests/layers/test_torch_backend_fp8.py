@@ -14,7 +14,8 @@ from wick.layers.attention.torch_backend import TorchAttentionBackend
 FP8 = torch.float8_e4m3fn
 
 
-def test_torch_backend_reads_scaled_fp8_pages() -> None:
+@pytest.mark.parametrize(("window", "soft_cap"), [(None, None), (2, 1.0)])
+def test_torch_backend_reads_scaled_fp8_pages(window: int | None, soft_cap: float | None) -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(7, 4, 16), torch.randn(7, 2, 16) * 3, torch.randn(7, 2, 16)
     metadata = AttentionMetadata(
@@ -24,11 +25,13 @@ def test_torch_backend_reads_scaled_fp8_pages() -> None:
         max_query_len=4, max_seq_len=4, query_start_loc_cpu=[0, 4, 7], seq_lens_cpu=[4, 3])
     backend = TorchAttentionBackend()
     fp8_caches = [torch.zeros(4, 4, 2, 16, dtype=FP8) for _ in range(2)]
-    out = backend.forward(q, k, v, *fp8_caches, metadata, 0.25, k_scale=0.5, v_scale=0.125)
+    out = backend.forward(q, k, v, *fp8_caches, metadata, 0.25, sliding_window=window, logits_soft_cap=soft_cap,
+                          k_scale=0.5, v_scale=0.125)
     # The same values in float pages: what the fp8 pages hold, times their scales.
     k_seen = (k / 0.5).to(FP8).float() * 0.5
     v_seen = (v / 0.125).to(FP8).float() * 0.125
-    expected = backend.forward(q, k_seen, v_seen, torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 16), metadata, 0.25)
+    expected = backend.forward(q, k_seen, v_seen, torch.zeros(4, 4, 2, 16), torch.zeros(4, 4, 2, 16), metadata, 0.25,
+                               sliding_window=window, logits_soft_cap=soft_cap)
     torch.testing.assert_close(out, expected)
     assert not torch.equal(k_seen, k)
 
