@@ -16,6 +16,7 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.quantization.base import LinearMethod, current_quantization
+from wick.layers.quantization.gguf import as_dense
 from wick.layers.quantization.unquantized import UnquantizedLinearMethod
 
 
@@ -32,7 +33,8 @@ def _packed(size: int, pack: int, what: str) -> int:
 
 
 def default_weight_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: None = None) -> None:
-    """For replicated parameters: the checkpoint tensor is the whole parameter."""
+    """For replicated parameters: the checkpoint tensor is the whole parameter (a packed GGUF one dequantized)."""
+    loaded_weight = as_dense(loaded_weight, param.dtype)
     if param.shape != loaded_weight.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded_weight.shape)}")
     param.data.copy_(loaded_weight)

@@ -53,6 +53,11 @@ class GGUFWeight:
         return dequantize(self.data, self.qtype, self.shape).to(dtype)
 
 
+def as_dense(weight: torch.Tensor | GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor for a layer that holds plain floats (a router, a replicated projection)."""
+    return weight.dequantize(dtype) if isinstance(weight, GGUFWeight) else weight
+
+
 _FLOAT_TYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
                 GGMLQuantizationType.BF16: torch.bfloat16}
 
