@@ -90,8 +90,9 @@ class LinearBase(nn.Module):
             return
         output_dim = getattr(param, "output_dim", None)
         offset, size, start = self.output_shard(shard_id)
-        # A parameter covering the whole dimension is copied whole (block scales may round its size up).
-        if output_dim is not None and (offset, size, start) != (0, self.output_size, 0):
+        # A parameter covering the whole dimension on one rank is copied whole (block scales may round its
+        # size up); rank 0 of a column-parallel layer has offset and start 0 too, but only its share of rows.
+        if output_dim is not None and (self.tp_size > 1 or (offset, size, start) != (0, self.output_size, 0)):
             pack = getattr(param, "output_pack", 1)
             what = "an output shard"
             target = target.narrow(output_dim, _packed(offset, pack, what), _packed(size, pack, what))
