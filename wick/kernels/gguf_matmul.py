@@ -9,14 +9,18 @@ follows wick/loader/gguf_dequant.py, which is the reference in the tests.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from wick.loader.gguf_dequant import IQ4_LEVELS
+
 T = GGMLQuantizationType
 _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3_K: 6, T.Q4_K: 7, T.Q5_K: 8,
-          T.Q6_K: 9}
+          T.Q6_K: 9, T.IQ4_NL: 10, T.IQ4_XS: 11}
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
@@ -47,8 +51,9 @@ def _k_scale_min(block, sub):
 
 
 @triton.jit
-def _decode(block, e, QTYPE: tl.constexpr):
-    """Values of elements e ([BLOCK_N, BS] offsets in the block) of blocks at `block` ([BLOCK_N, 1] pointers)."""
+def _decode(block, e, levels_ptr, QTYPE: tl.constexpr):
+    """Values of elements e ([BLOCK_N, BS] offsets in the block) of blocks at `block` ([BLOCK_N, 1] pointers);
+    levels_ptr: IQ4's sixteen levels."""
     if QTYPE == 0:  # Q4_0
         q = (_byte(block, 2 + e % 16) >> ((e // 16) * 4)) & 15
         w = (q - 8).to(tl.float32) * _f16(block, 0)
@@ -92,6 +97,15 @@ def _decode(block, e, QTYPE: tl.constexpr):
         q = low | (((_byte(block, 16 + e % 32) >> sub) & 1) << 4)
         scale, minimum = _k_scale_min(block, sub)
         w = _f16(block, 0) * scale * q.to(tl.float32) - _f16(block, 2) * minimum
+    elif QTYPE == 10:  # IQ4_NL
+        q = (_byte(block, 2 + e % 16) >> ((e // 16) * 4)) & 15
+        w = tl.load(levels_ptr + q) * _f16(block, 0)
+    elif QTYPE == 11:  # IQ4_XS
+        sub, lane = e // 32, e % 32
+        q = (_byte(block, 8 + sub * 16 + lane % 16) >> ((lane // 16) * 4)) & 15
+        low = (_byte(block, 4 + sub // 2) >> ((sub % 2) * 4)) & 15
+        high = ((_byte(block, 2) | (_byte(block, 3) << 8)) >> (2 * sub)) & 3
+        w = _f16(block, 0) * ((low | (high << 4)) - 32).to(tl.float32) * tl.load(levels_ptr + q)
     else:  # Q6_K
         half, plane, lane = e // 128, (e % 128) // 32, e % 32
         low = (_byte(block, half * 64 + (plane % 2) * 32 + lane) >> ((plane // 2) * 4)) & 15
@@ -104,7 +118,7 @@ def _decode(block, e, QTYPE: tl.constexpr):
 
 @triton.jit
 def _gguf_matmul_kernel(
-    x_ptr, w_ptr, out_ptr, M, N, K, stride_xm, row_bytes, stride_om,
+    x_ptr, w_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, row_bytes, stride_om,
     QTYPE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GEMV: tl.constexpr,
 ):
@@ -120,7 +134,7 @@ def _gguf_matmul_kernel(
         x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
         for b in range(0, K // BS):
             block = w_ptr + safe_n[:, None] * row_bytes + b * TS
-            w = _decode(block, e2, QTYPE)
+            w = _decode(block, e2, levels_ptr, QTYPE)
             x = tl.load(x_row + b * BS + e).to(tl.float32)
             acc += tl.sum(w * x[None, :], axis=1)
         tl.store(out_ptr + pid_m.to(tl.int64) * stride_om + rows_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
@@ -131,11 +145,17 @@ def _gguf_matmul_kernel(
         x_rows = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm
         for b in range(0, K // BS):
             block = w_ptr + safe_n[:, None] * row_bytes + b * TS
-            w = _decode(block, e2, QTYPE).to(x_ptr.dtype.element_ty)
+            w = _decode(block, e2, levels_ptr, QTYPE).to(x_ptr.dtype.element_ty)
             x = tl.load(x_rows + b * BS + e[None, :], mask=m_mask[:, None], other=0.0)
             acc += tl.dot(x, tl.trans(w), out_dtype=tl.float32)
         out = out_ptr + rows_m.to(tl.int64)[:, None] * stride_om + rows_n[None, :]
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+@functools.cache
+def _levels(device: torch.device) -> torch.Tensor:
+    # Made on the first (eager) call, before any CUDA graph capture.
+    return torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=device)
 
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType,
@@ -155,6 +175,6 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     block_n = 32 if block_size == 256 else 64
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _gguf_matmul_kernel[grid](
-        x2, data, out, m, n, k, x2.stride(0), data.stride(0), out.stride(0),
+        x2, data, _levels(x.device), out, m, n, k, x2.stride(0), data.stride(0), out.stride(0),
         QTYPE=_CODES[qtype], BS=block_size, TS=type_size, BLOCK_M=block_m, BLOCK_N=block_n, GEMV=gemv)
     return out.reshape(*x.shape[:-1], n)

@@ -51,7 +51,8 @@ def _load_checkpoint(model: nn.Module, source: ModelSource, packed: bool, desc: 
     with torch.no_grad():
         loaded = model.load_weights(tqdm(weights, total=total, desc=desc, unit="tensor",
                                          file=sys.stderr, disable=not show_progress))
-    missing = sorted({name for name, _ in model.named_parameters()} - set(loaded))
+    required = {name for name, param in model.named_parameters() if not getattr(param, "optional", False)}
+    missing = sorted(required - set(loaded))
     if missing:
         shown = ", ".join(missing[:_MISSING_SHOWN])
         more = f" and {len(missing) - _MISSING_SHOWN} more" if len(missing) > _MISSING_SHOWN else ""

@@ -18,6 +18,8 @@ _F16_FIELDS = {
     GGMLQuantizationType.Q4_K: (0, 2),
     GGMLQuantizationType.Q5_K: (0, 2),
     GGMLQuantizationType.Q6_K: (208,),
+    GGMLQuantizationType.IQ4_NL: (0,),
+    GGMLQuantizationType.IQ4_XS: (0,),
 }
 _FLOATS = {GGMLQuantizationType.F32: np.float32, GGMLQuantizationType.F16: np.float16}
 

@@ -90,3 +90,12 @@ def test_bad_quantization_config_is_one_line(requested: str | None, stored: dict
 def test_gptq_without_checkpoint_config_is_refused() -> None:
     with pytest.raises(ValueError, match="needs a checkpoint"):
         resolve_quantization("gptq", "safetensors", LlamaConfig())
+
+
+def test_gptq_without_g_idx_loads() -> None:
+    hf = small_llama()
+    checkpoint, dequantized = _quantized_checkpoint(hf, lambda _, w: gptq_tensors(w, 4, 128, False, True, None))
+    checkpoint = [(name, t) for name, t in checkpoint if not name.endswith("g_idx")]
+    config = GPTQConfig.from_config({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False})
+    model = build_ours(hf.config, config, checkpoint)
+    assert_same_logits(model, reference_with(hf, lambda name, _: dequantized[name]))

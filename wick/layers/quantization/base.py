@@ -71,6 +71,7 @@ def set_weight_attrs(param: nn.Parameter, **attrs: Any) -> nn.Parameter:
     along that dimension (8 for int32 words of 4-bit values, the group size for group scales).
     per_shard: a [num_shards] parameter holding one value per merged shard (per-tensor scales).
     weight_loader: a loader of the method's own, used instead of the layer's.
+    optional: a checkpoint may leave the parameter out (the method then derives it).
     """
     for key, value in attrs.items():
         setattr(param, key, value)

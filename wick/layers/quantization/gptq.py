@@ -76,11 +76,15 @@ class GPTQLinearMethod(LinearMethod):
         layer.register_parameter("qzeros", param((groups, output_size // pack), torch.int32,
                                                  output_dim=1, output_pack=pack, **group_attrs))
         layer.register_parameter("scales", param((groups, output_size), torch.float16, output_dim=1, **group_attrs))
-        layer.register_parameter("g_idx", param((input_size,), torch.int32, input_dim=0))
+        # Checkpoints without act-order may leave g_idx out; it is then rows // group.
+        layer.register_parameter("g_idx", param((input_size,), torch.int32, input_dim=0, optional=not cfg.desc_act))
         layer.wna16_dtype = params_dtype
         layer.wna16_group = group
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if not self.config.desc_act:
+            rows = torch.arange(layer.g_idx.numel(), device=layer.g_idx.device, dtype=torch.int32)
+            layer.g_idx.data = rows // layer.wna16_group if self.config.group_size != -1 else rows * 0
         zeros = unpack_columns(layer.qzeros.data, self.config.bits) + self.config.zero_offset
         finish_wna16(layer, zeros, self.config.bits)
 
