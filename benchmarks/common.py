@@ -50,20 +50,18 @@ def copy_bandwidth(num_bytes: int = 2 << 30, repeats: int = 10) -> float:
 
 
 def weight_bytes(model: torch.nn.Module, tokens: int = 1) -> int:
-    """Bytes a forward pass of `tokens` tokens must read: every parameter once (the embedding table only
-    sparsely); of each mixture-of-experts layer only the experts hit, expected 1 - (1 - k/E)^tokens of
-    them under uniform routing (k/E for one token)."""
+    """Bytes a forward pass of `tokens` tokens must read: every weight once, packed as held (the embedding
+    table only sparsely); of each mixture-of-experts layer only the experts hit, expected 1 - (1 - k/E)^tokens
+    of them under uniform routing (k/E for one token)."""
     from wick.layers.moe.fused_moe import FusedMoE
+    from wick.loader.weights import weights_nbytes
 
-    expert_share = {f"{name}.{p}": 1 - (1 - module.spec.top_k / module.spec.num_experts) ** tokens
-                    for name, module in model.named_modules() if isinstance(module, FusedMoE)
-                    for p in ("w13_weight", "w2_weight")}
-    total = 0
-    for name, param in model.named_parameters():
-        if "embed_tokens" in name and not model.config.tie_word_embeddings:
-            continue
-        total += int(param.numel() * param.element_size() * expert_share.get(name, 1.0))
-    return total
+    unread = 0.0
+    for module in model.modules():
+        if isinstance(module, FusedMoE):
+            share = 1 - (1 - module.spec.top_k / module.spec.num_experts) ** tokens
+            unread += sum(w.numel() * w.element_size() for w in (module.w13_weight, module.w2_weight)) * (1 - share)
+    return weights_nbytes(model, skip_embedding=True) - int(unread)
 
 
 def kv_bytes_per_token(model: torch.nn.Module) -> int:

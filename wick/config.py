@@ -11,6 +11,9 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from wick.layers.quantization import normalize_quantization, resolve_quantization
+from wick.layers.quantization.base import QuantizationConfig
+from wick.loader.gguf_loader import gguf_file_type
 from wick.loader.model_source import ModelSource, resolve_model
 
 logger = logging.getLogger(__name__)
@@ -20,6 +23,7 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
+_KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
 # The CPU's KV cache by default (docs/cpu.md): room for this many full-length sequences (any number of shorter ones
 # share it), bounded by max_num_seqs of them and by this share of the memory available when the engine starts.
 CPU_KV_CACHE_SEQS = 2
@@ -72,6 +76,10 @@ class EngineArgs:
     # or a folder; then these values (SamplingParams names) over it.
     generation_config: str = "auto"
     override_generation_config: dict[str, Any] | None = None
+    # Weights' format: None reads it from the checkpoint; an ISQ type (q4_k, q8_0, fp8...) quantizes at load.
+    quantization: str | None = None
+    # "auto": the model's dtype; "fp8" (= "fp8_e4m3"): e4m3 pages, twice the tokens in the same memory.
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -84,6 +92,10 @@ class EngineArgs:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
         if self.dtype != "auto" and self.dtype not in _DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        self.quantization = normalize_quantization(self.quantization)
+        if self.kv_cache_dtype != "auto" and self.kv_cache_dtype not in _KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be auto or one of {', '.join(_KV_CACHE_DTYPES)}, "
+                             f"got {self.kv_cache_dtype!r}")
         if self.yarn_scaling_factor is not None and not self.yarn_scaling_factor > 1.0:
             raise ValueError(f"yarn_scaling_factor must be > 1, got {self.yarn_scaling_factor}")
         if self.tensor_parallel_size < 1:
@@ -107,12 +119,16 @@ class EngineArgs:
         max_model_len = self.max_model_len or max_position
         if max_model_len > max_position:
             logger.warning("max_model_len %d exceeds the model's %d positions", max_model_len, max_position)
+        file_type = gguf_file_type(source.gguf_file) if source.kind == "gguf" else None
+        quant_config = resolve_quantization(self.quantization, source.kind, hf_config, file_type)
         max_batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
         if not self.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
         parallel = self._parallel_config(hf_config, device)
         return EngineConfig(args=self, source=source, hf_config=hf_config, device=device, dtype=dtype,
-                            max_model_len=max_model_len, max_num_batched_tokens=max_batched, parallel=parallel)
+                            max_model_len=max_model_len, max_num_batched_tokens=max_batched, parallel=parallel,
+                            quant_config=quant_config,
+                            kv_cache_dtype=_KV_CACHE_DTYPES.get(self.kv_cache_dtype, dtype))
 
     def _parallel_config(self, hf_config: PretrainedConfig, device: torch.device) -> ParallelConfig:
         """The ranks, from the arguments or, when torchrun started every rank, from its environment."""
@@ -175,6 +191,12 @@ class EngineConfig:
     max_num_batched_tokens: int
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     extra: dict = field(default_factory=dict)
+    quant_config: QuantizationConfig | None = None
+    kv_cache_dtype: torch.dtype | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_cache_dtype is None:
+            self.kv_cache_dtype = self.dtype
 
     @property
     def max_num_seqs(self) -> int:

@@ -1,4 +1,5 @@
-"""The command lines of vLLM, candle-vllm and vllm.rs users, parsed into wick's EngineArgs and serve settings."""
+"""The command lines of vLLM, candle-vllm and vllm.rs users, parsed into wick's EngineArgs and serve settings;
+the quantization flags (vLLM's and candle-vllm's names); bad values in one line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from wick.cli.engine_flags import engine_args_from
-from wick.cli.main import build_parser
+from wick.cli.main import build_parser, main
 
 
 def parse(*argv: str):
@@ -75,12 +76,14 @@ def test_device_cuda_without_cuda_is_one_line():
     assert len(lines) == 1 and "no CUDA device" in lines[0], result.stderr
 
 
-def test_every_wick_command_of_the_readme_table_parses():
-    """The "coming from candle-vllm / vllm.rs" table: each wick command is accepted, save the rows whose flags the
-    tensor-parallel and quantization work adds (--d, --isq), which are left to parse once those land."""
+def test_every_wick_command_of_the_readme_table_parses(monkeypatch: pytest.MonkeyPatch):
+    """The "coming from candle-vllm / vllm.rs" table: each wick command is accepted (--d sets the visible
+    devices, restored afterwards)."""
     import re
     import shlex
     from pathlib import Path
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme[readme.index("### Coming from candle-vllm"):readme.index("## Offline API")]
@@ -88,7 +91,19 @@ def test_every_wick_command_of_the_readme_table_parses():
     assert len(commands) >= 6
     known = build_parser()
     for command in commands:
-        if {"--d", "--isq"} & set(command):
-            continue
         args = known.parse_args(command[1:])
         assert engine_args_from(args).model
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ([], None), (["--quantization", "fp8"], "fp8"), (["-q", "Q4_K"], "q4_k"), (["--isq", "q4k"], "q4_k"),
+])
+def test_quantization_flags(flags: list[str], expected: str | None) -> None:
+    args = build_parser().parse_args(["generate", "-p", "hello", *flags])
+    assert engine_args_from(args).quantization == expected
+
+
+def test_unknown_quantization_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "-p", "hello", "--isq", "q9k"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "unknown quantization 'q9k'" in err

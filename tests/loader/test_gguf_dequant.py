@@ -21,6 +21,8 @@ _F16_FIELDS = {
     GGMLQuantizationType.Q4_K: (0, 2),
     GGMLQuantizationType.Q5_K: (0, 2),
     GGMLQuantizationType.Q6_K: (208,),
+    GGMLQuantizationType.IQ4_NL: (0,),
+    GGMLQuantizationType.IQ4_XS: (0,),
 }
 
 

@@ -1,6 +1,7 @@
 """GGUF files with experts (llama.cpp's layout: each layer's experts stacked in ffn_{gate,up,down}_exps,
 the router in ffn_gate_inp, Qwen2-MoE's shared expert in *_shexp) load into the same model as the
-HF checkpoint they were written from: qwen3moe, qwen2moe, and llama with experts (Mixtral)."""
+HF checkpoint they were written from: qwen3moe, qwen2moe, and llama with experts (Mixtral); as the engine
+loads them (matrices packed), the routers are the same floats."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from wick.layers.quantization.base import quantization_scope
+from wick.layers.quantization.gguf import GGUFConfig
 from wick.loader.gguf_loader import iter_gguf_weights, load_gguf_config
 from wick.loader.presets import config_from_dict
 from wick.models.registry import get_model_class
@@ -115,3 +118,13 @@ def test_experts_load_as_from_the_hf_checkpoint(arch: str, tmp_path: Path) -> No
     theirs = dict(from_hf.named_parameters())
     for name, param in from_gguf.named_parameters():
         assert torch.equal(param, theirs[name]), name
+
+    with quantization_scope(GGUFConfig()):
+        packed = get_model_class(config.architectures)(config)
+    assert packed.load_weights(iter_gguf_weights(str(path), packed=True)) == loaded
+    routers = [name for name, _ in packed.named_parameters()
+               if name.endswith(("mlp.gate.weight", "expert_gate.weight"))]
+    assert routers
+    dense = dict(from_gguf.named_parameters())
+    for name in routers:
+        assert torch.equal(dict(packed.named_parameters())[name], dense[name]), name

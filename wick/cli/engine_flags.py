@@ -83,6 +83,17 @@ def add_engine_flags(parser: argparse.ArgumentParser, positional_model: bool = F
     parallel.add_argument("--master-port", type=int, default=None,
                           help="node 0's port for torch.distributed (needed with several nodes)")
 
+    quantization = parser.add_argument_group("quantization")
+    # vLLM's --quantization/-q; --isq is candle-vllm's name (q4k spellings accepted).
+    quantization.add_argument("--quantization", "-q", "--isq", default=None, metavar="METHOD",
+                              help="weights' format: read from the checkpoint when unset (GGUF, GPTQ, AWQ, FP8); "
+                                   "q4_0 q4_1 q5_0 q5_1 q8_0 q2_k q3_k q4_k q5_k q6_k or fp8 quantize a "
+                                   "full-precision checkpoint while it loads")
+    quantization.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3"],
+                              help="fp8: e4m3 KV pages, twice the tokens in the same memory")
+    quantization.add_argument("--fp8-kvcache", dest="kv_cache_dtype", action="store_const", const="fp8",
+                              help="candle-vllm's name for --kv-cache-dtype fp8")
+
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:
     kv_cache_memory = args.kv_cache_memory
@@ -101,7 +112,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         master_addr=args.master_addr, master_port=args.master_port, seed=args.seed, chat_template=args.chat_template,
         trust_remote_code=args.trust_remote_code, download_dir=args.download_dir,
         generation_config=args.generation_config, override_generation_config=sampling_overrides(args),
-        yarn_scaling_factor=args.yarn_scaling_factor)
+        yarn_scaling_factor=args.yarn_scaling_factor, quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype)
 
 
 def model_from(args: argparse.Namespace) -> str | None:

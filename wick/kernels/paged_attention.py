@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.kv_cache_write import as_storable
+
 LOG2E = 1.4426950408889634
 MIN_SPLIT_TOKENS = 256  # fewer keys per split and the combine step costs more than the split gains
 MAX_SPLITS = 64
@@ -42,7 +44,7 @@ def _attend_tile(
     else:
         page = tl.load(table_ptr + keys // BLOCK_SIZE).to(tl.int64)
     slot = (keys % BLOCK_SIZE).to(tl.int64)
-    k = tl.load(k_ptr + (page * stride_kb + slot * stride_ks)[:, None] + dims[None, :])
+    k = tl.load(k_ptr + (page * stride_kb + slot * stride_ks)[:, None] + dims[None, :]).to(q.dtype)
     qk = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if SOFT_CAP:
         # qk_scale is the softmax scale here: cap * tanh(s / cap), tanh(x) = 2 sigmoid(2x) - 1, then base 2
@@ -60,11 +62,11 @@ def _attend_tile(
     if MASKED:
         qk = tl.where(keys[None, :] <= pos[:, None], qk, float("-inf"))
     if WINDOWED:
-        v = tl.load(v_ptrs, mask=v_valid[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=v_valid[:, None], other=0.0).to(q.dtype)
     elif MASKED:
-        v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=in_range[:, None], other=0.0).to(q.dtype)
     else:
-        v = tl.load(v_ptrs)
+        v = tl.load(v_ptrs).to(q.dtype)
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     p = tl.exp2(qk - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
@@ -77,7 +79,7 @@ def _attend_tile(
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
-    qk_scale, window, soft_cap, num_reqs,
+    qk_scale, v_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -151,11 +153,11 @@ def _paged_attention_kernel(
 
     if SPLIT:
         part = (token * (tl.num_programs(1) * GROUP) + head) * num_splits + split
-        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc, mask=row_valid[:, None])
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc * v_scale, mask=row_valid[:, None])
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
     else:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
@@ -223,6 +225,8 @@ def paged_attention(
     num_splits: int | None = None,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal paged attention of a packed batch of queries over their requests' cached keys/values.
 
@@ -237,6 +241,8 @@ def paged_attention(
 
     For CUDA-graph capture, keep q.shape[0], num_reqs, max_query_len, max_seq_len (a fixed upper
     bound such as max_model_len) and scale the same at capture and replay.
+
+    An fp8 cache holds K / k_scale and V / v_scale; the pages are converted to q's dtype as they load.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -264,7 +270,8 @@ def paged_attention(
     _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables,
-        scale if logits_soft_cap else scale * LOG2E, sliding_window or 0, logits_soft_cap or 0.0, num_reqs,
+        scale * k_scale if logits_soft_cap else scale * k_scale * LOG2E, v_scale, sliding_window or 0,
+        logits_soft_cap or 0.0, num_reqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
@@ -293,6 +300,8 @@ def paged_attention_ref(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Pure-torch reference of paged_attention, in fp32, one request at a time; other rows are zero."""
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -302,8 +311,9 @@ def paged_attention_ref(
     for i, seq_len in enumerate(lens):
         start, end = starts[i], starts[i + 1]
         pages = block_tables[i, : math.ceil(seq_len / block_size)].long()
-        keys, values = (c[pages].flatten(0, 1)[:seq_len].float().repeat_interleave(group, dim=1)
-                        for c in (k_cache, v_cache))
+        keys, values = (as_storable(c)[pages].flatten(0, 1)[:seq_len].view(c.dtype).float()
+                        .repeat_interleave(group, dim=1) * c_scale
+                        for c, c_scale in ((k_cache, k_scale), (v_cache, v_scale)))
         scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale
         query_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
         key_pos = torch.arange(seq_len, device=q.device)[None, :]

@@ -7,11 +7,22 @@ from torch import nn
 
 
 def initialize_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3, high: float = 1e-3) -> None:
-    """Fill every parameter in place with values uniform in [low, high], generated on the parameter's
-    device (one generator per device, seeded with `seed`): the same seed gives the same weights."""
+    """Fill every floating-point parameter in place with values uniform in [low, high], generated on the
+    parameter's device (one generator per device, seeded with `seed`): the same seed gives the same
+    weights. Quantized layers then get random weights of their format (random floats quantized)."""
     generators: dict[torch.device, torch.Generator] = {}
+
+    def generator(device: torch.device) -> torch.Generator:
+        if device not in generators:
+            generators[device] = torch.Generator(device=device).manual_seed(seed)
+        return generators[device]
+
     with torch.no_grad():
         for param in model.parameters():
-            if param.device not in generators:
-                generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-            param.uniform_(low, high, generator=generators[param.device])
+            if param.is_floating_point() and param.element_size() > 1 and param.numel():
+                param.uniform_(low, high, generator=generator(param.device))
+        for module in model.modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None:
+                device = next(module.parameters()).device
+                method.initialize_dummy(module, generator(device), low, high)

@@ -131,6 +131,30 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return q.reshape(n, 16, 16).float().mul_(d).reshape(n, QK_K)
 
 
+# The sixteen non-linear levels of IQ4_NL and IQ4_XS.
+IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+
+
+def _iq4_levels(q: torch.Tensor) -> torch.Tensor:
+    levels = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=q.device)
+    return levels[q.long()]
+
+
+def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
+    return _iq4_levels(_low_high_nibbles(b[:, 2:18])).mul_(_f16(b, 0))
+
+
+def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
+    n = b.shape[0]
+    # Eight 6-bit scales: low 4 bits from bytes 4..7 (low then high nibble), top 2 bits from the uint16 at 2.
+    low = _split_bits(b[:, 4:8], 4).transpose(1, 2).reshape(n, 8)
+    high_word = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    high = (high_word >> (2 * torch.arange(8, device=b.device, dtype=torch.int32))) & 3
+    scales = (low.to(torch.int32) | (high << 4)) - 32
+    q = _split_bits(b[:, 8:136].reshape(n, 8, 16), 4).reshape(n, 8, 32)
+    return _iq4_levels(q).mul_((_f16(b, 0) * scales.float()).unsqueeze(-1)).reshape(n, QK_K)
+
+
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {
     GGMLQuantizationType.Q4_0: _q4_0,
     GGMLQuantizationType.Q4_1: _q4_1,
@@ -142,6 +166,8 @@ _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tenso
     GGMLQuantizationType.Q4_K: _q4_k,
     GGMLQuantizationType.Q5_K: _q5_k,
     GGMLQuantizationType.Q6_K: _q6_k,
+    GGMLQuantizationType.IQ4_NL: _iq4_nl,
+    GGMLQuantizationType.IQ4_XS: _iq4_xs,
 }
 
 _FLOAT_TYPES = {
@@ -153,7 +179,7 @@ _FLOAT_TYPES = {
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_BLOCK_DECODERS) | frozenset(_FLOAT_TYPES)
 
 
-def _as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
+def as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of raw, without copying when it is already contiguous."""
     if isinstance(raw, torch.Tensor):
         return raw.contiguous().reshape(-1).view(torch.uint8)
@@ -175,7 +201,7 @@ def dequantize(
     qtype = GGMLQuantizationType(qtype)
     if qtype not in SUPPORTED_TYPES:
         raise NotImplementedError(f"GGUF tensor type {qtype.name} is not supported")
-    data = _as_bytes(raw)
+    data = as_bytes(raw)
     numel = int(np.prod(shape))
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     if numel % block_size or data.numel() != numel // block_size * type_size:

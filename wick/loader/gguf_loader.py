@@ -1,7 +1,7 @@
-"""Reading a GGUF file as a Hugging Face checkpoint: config.json fields and named float32 weights.
+"""Reading a GGUF file as a Hugging Face checkpoint: config.json fields and named weights.
 
 The file is opened once per path through a memory map (``gguf.GGUFReader``); tensors are
-dequantized one at a time as they are iterated.
+dequantized one at a time as they are iterated, or handed out packed (views of the map).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from gguf import GGUFReader, ReaderTensor
 
-from wick.loader.gguf_dequant import dequantize
+from wick.layers.quantization.gguf import GGUFWeight
+from wick.loader.gguf_dequant import as_bytes, dequantize
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -240,8 +241,20 @@ def _unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor
     )
 
 
-def iter_gguf_weights(path: str | os.PathLike[str]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, float32 tensor) for each tensor of a GGUF file, dequantized one by one.
+def gguf_file_type(path: str | os.PathLike[str]) -> int | None:
+    """llama.cpp's file type (``general.file_type``: 15 is Q4_K_M), if the file says."""
+    return _field(open_gguf(path), "general.file_type")
+
+
+def _packed(tensor: ReaderTensor) -> GGUFWeight:
+    rows, columns = _torch_shape(tensor)
+    return GGUFWeight(as_bytes(tensor.data).reshape(rows, -1), tensor.tensor_type, (rows, columns))
+
+
+def iter_gguf_weights(path: str | os.PathLike[str],
+                      packed: bool = False) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
+    """Yield (HF name, tensor) for each tensor of a GGUF file: float32, dequantized one by one, or
+    with `packed` every matrix as a GGUFWeight (its blocks as stored) and the vectors as float32.
 
     lm_head.weight appears only when the file has its own output matrix; otherwise the config
     says tie_word_embeddings.
@@ -261,10 +274,17 @@ def iter_gguf_weights(path: str | os.PathLike[str]) -> Iterator[tuple[str, torch
         name = _hf_name(tensor.name)
         if name is None:
             continue
+        module = name.rsplit(".", 2)[-2]
+        if packed and len(tensor.shape) == 2:
+            weight = _packed(tensor)
+            if module in rotary_heads:
+                weight = GGUFWeight(_unpermute_rotary_rows(weight.data, rotary_heads[module]), weight.qtype,
+                                    weight.shape)
+            yield name, weight
+            continue
         weight = dequantize(tensor.data, tensor.tensor_type, _torch_shape(tensor))
         if name.endswith("shared_expert_gate.weight"):
             weight = weight.reshape(1, -1)  # llama.cpp stores the one-row gate as a vector
-        module = name.rsplit(".", 2)[-2]
         if module in rotary_heads:
             weight = _unpermute_rotary_rows(weight, rotary_heads[module])
         yield name, weight

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import struct
 import sys
 
@@ -9,34 +10,73 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from wick.layers.quantization.base import QuantizationConfig
 from wick.loader.dummy import initialize_dummy_weights
 from wick.loader.gguf_loader import iter_gguf_weights
 from wick.loader.model_source import ModelSource
 from wick.loader.safetensors_loader import count_safetensors_tensors, iter_safetensors_weights
 
+logger = logging.getLogger(__name__)
+
 _MISSING_SHOWN = 20
 
 
-def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_progress: bool = True) -> None:
+def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_progress: bool = True,
+                 quant_config: QuantizationConfig | None = None) -> None:
     """Load `source`'s weights through `model.load_weights` ((HF name, tensor) pairs in, the set of
-    loaded parameter names out), with a progress bar on stderr if `show_progress`; ValueError if any parameter stays
-    unloaded. A dummy source gets random weights from `seed` instead."""
+    loaded parameter names out), with a progress bar on stderr if `show_progress`; ValueError if any parameter
+    stays unloaded. A dummy source gets random weights from `seed` instead. Then each quantized layer's
+    method repacks its weights, and the log says the weights' format and size."""
     if source.kind == "dummy":
         initialize_dummy_weights(model, seed=seed)
-        return
+    else:
+        packed = quant_config is not None and quant_config.packs_gguf()
+        desc = f"Loading weights as {quant_config.describe()}" if quant_config is not None else "Loading weights"
+        _load_checkpoint(model, source, packed, desc, show_progress)
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+    device = next(model.parameters()).device
+    name = quant_config.describe() if quant_config is not None else str(torch.get_default_dtype()).split(".")[-1]
+    logger.info("weights: %s, %.2f GiB on %s", name, weights_nbytes(model) / (1 << 30), device)
+
+
+def _load_checkpoint(model: nn.Module, source: ModelSource, packed: bool, desc: str, show_progress: bool) -> None:
     if source.kind == "safetensors":
         weights, total = iter_safetensors_weights(source.path), count_safetensors_tensors(source.path)
     else:
-        weights, total = iter_gguf_weights(source.gguf_file), _gguf_tensor_count(source.gguf_file)
+        weights = iter_gguf_weights(source.gguf_file, packed=packed)
+        total = _gguf_tensor_count(source.gguf_file)
     with torch.no_grad():
-        loaded = model.load_weights(tqdm(weights, total=total, desc="Loading weights", unit="tensor",
+        loaded = model.load_weights(tqdm(weights, total=total, desc=desc, unit="tensor",
                                          file=sys.stderr, disable=not show_progress))
-    missing = sorted({name for name, _ in model.named_parameters()} - set(loaded))
+    required = {name for name, param in model.named_parameters() if not getattr(param, "optional", False)}
+    missing = sorted(required - set(loaded))
     if missing:
         shown = ", ".join(missing[:_MISSING_SHOWN])
         more = f" and {len(missing) - _MISSING_SHOWN} more" if len(missing) > _MISSING_SHOWN else ""
         raise ValueError(f"{source.path} lacks weights for {len(missing)} of the model's parameters: "
                          f"{shown}{more}")
+
+
+def weights_nbytes(model: nn.Module, skip_embedding: bool = False) -> int:
+    """Bytes of the model's weights as held: parameters (shared ones once) and what quantization methods
+    hold beside them; `skip_embedding` leaves out an untied input embedding (a forward reads it sparsely)."""
+    seen: set[int] = set()
+    total = 0
+    tensors = [p.data for name, p in model.named_parameters()
+               if not (skip_embedding and "embed_tokens" in name and not model.config.tie_word_embeddings)]
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            tensors += method.held_tensors(module)
+    for tensor in tensors:
+        key = tensor.data_ptr()
+        if tensor.numel() and key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def _gguf_tensor_count(path: str) -> int:

@@ -15,6 +15,7 @@ from wick.distributed.communication import tp_world_size
 from wick.layers.attention.mla import MLAAttention
 from wick.layers.linear import ColumnParallelLinear, RowParallelLinear, divide
 from wick.layers.norm import RMSNorm
+from wick.layers.quantization.base import current_quantization
 from wick.layers.replicated_linear import ReplicatedLinear
 from wick.layers.rotary import RotaryEmbedding
 from wick.models.base import STACKED_PARAMS, DecoderForCausalLM
@@ -33,6 +34,10 @@ class DeepseekV2Attention(nn.Module):
         super().__init__()
         mla = cfg.mla
         assert mla is not None
+        quantization = current_quantization()
+        if quantization is not None:
+            # MLA reads kv_b_proj's weight as a float matrix (absorbed into query and output)
+            raise ValueError(f"{quantization.describe()} weights are not supported for MLA (DeepSeek) models yet")
         self.mla = mla
         self.num_heads = divide(cfg.num_heads, tp_world_size())
         qk_head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim

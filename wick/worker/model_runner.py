@@ -15,6 +15,7 @@ from wick.distributed.communication import tp_broadcast
 from wick.engine.protocol import TokenLogprobs
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
 from wick.layers.attention.selector import get_attention_backend
+from wick.layers.quantization.base import quantization_scope
 from wick.layers.sampler import LogprobsTensors, Sampler, compute_prompt_logprobs
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
@@ -48,7 +49,7 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
         self.input_batch = InputBatch()
         self._forward: _ForwardResult | None = None
-        self.backend = get_attention_backend(config.args.attention_backend, self.device)
+        self.backend = get_attention_backend(config.args.attention_backend, self.device, config.kv_cache_dtype)
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
         self.num_blocks = 0
@@ -60,15 +61,16 @@ class ModelRunner:
         previous = torch.get_default_dtype()
         torch.set_default_dtype(cfg.dtype)
         try:
-            with torch.device(self.device):
+            with torch.device(self.device), quantization_scope(cfg.quant_config):
                 model = model_cls(cfg.hf_config)
         finally:
             torch.set_default_dtype(previous)
-        load_weights(model, cfg.source, seed=cfg.args.seed, show_progress=self.show_progress)
+        load_weights(model, cfg.source, seed=cfg.args.seed, show_progress=self.show_progress,
+                     quant_config=cfg.quant_config)
         return model.eval()
 
     def kv_bytes_per_block(self) -> int:
-        elem = torch.empty((), dtype=self.config.dtype).element_size()
+        elem = torch.empty((), dtype=self.config.kv_cache_dtype).element_size()
         return elem * sum(math.prod(shape) for layer in self.attention_layers
                           for shape in layer.kv_cache_shapes(1, self.block_size))
 
@@ -133,7 +135,7 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         for layer in self.attention_layers:
-            layer.bind_kv_cache([torch.zeros(shape, dtype=self.config.dtype, device=self.device)
+            layer.bind_kv_cache([torch.zeros(shape, dtype=self.config.kv_cache_dtype, device=self.device)
                                  for shape in layer.kv_cache_shapes(num_blocks, self.block_size)])
 
     def capture_cuda_graphs(self) -> None:

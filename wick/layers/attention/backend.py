@@ -31,6 +31,8 @@ class AttentionBackend(ABC):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         """Paged attention over one packed batch.
 
@@ -41,4 +43,5 @@ class AttentionBackend(ABC):
 
         sliding_window: a query at position p sees keys at positions > p - sliding_window only.
         logits_soft_cap: scores become cap * tanh(scores / cap) before the softmax (Gemma 2).
+        k_scale, v_scale: an fp8 (e4m3) cache holds K / k_scale and V / v_scale.
         """

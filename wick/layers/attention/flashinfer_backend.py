@@ -86,6 +86,8 @@ class FlashInferAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         key = (sliding_window, logits_soft_cap)
         variant = self._variants.get(key)
@@ -93,7 +95,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             if self._workspace is None:
                 self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
             variant = self._variants[key] = _Variant(self._workspace, sliding_window, logits_soft_cap)
-        return variant.forward(q, k, v, k_cache, v_cache, metadata, scale)
+        return variant.forward(q, k, v, k_cache, v_cache, metadata, scale, k_scale, v_scale)
 
 
 class _Variant:
@@ -125,8 +127,10 @@ class _Variant:
         v_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping)
+        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         if metadata is not self._planned_for:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("FlashInfer plans on the host: call prepare() or run the step once before capture")
@@ -138,7 +142,8 @@ class _Variant:
         assert self._wrapper is not None
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         out = q.new_empty(q.shape) if num_request_tokens == q.shape[0] else q.new_zeros(q.shape)
-        self._wrapper.run(q[:num_request_tokens], (k_cache, v_cache), out=out[:num_request_tokens])
+        scales = {} if (k_scale, v_scale) == (1.0, 1.0) else {"k_scale": k_scale, "v_scale": v_scale}
+        self._wrapper.run(q[:num_request_tokens], (k_cache, v_cache), out=out[:num_request_tokens], **scales)
         return out
 
     def _plan(self, metadata: AttentionMetadata, shape: _Shape) -> None:

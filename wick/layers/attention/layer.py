@@ -14,6 +14,8 @@ class Attention(nn.Module):
     k_cache and v_cache ([num_blocks, block_size, Hkv, D]) are bound by the model runner once it has
     allocated the KV cache in the shapes kv_cache_shapes() declares.
     sliding_window and logits_soft_cap: see AttentionBackend.forward.
+    An fp8 cache holds K / k_scale and V / v_scale; the scales are 1.0 (vLLM's default when a
+    checkpoint brings none), and e4m3 saturates at 448.
     """
 
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
@@ -27,6 +29,8 @@ class Attention(nn.Module):
         self.logits_soft_cap = logits_soft_cap
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.k_scale = 1.0
+        self.v_scale = 1.0
 
     def kv_cache_shapes(self, num_blocks: int, block_size: int) -> list[tuple[int, ...]]:
         """The shapes of this layer's cache tensors (K pages, V pages), which bind_kv_cache then takes."""
@@ -48,5 +52,7 @@ class Attention(nn.Module):
             self.scale,
             sliding_window=self.sliding_window,
             logits_soft_cap=self.logits_soft_cap,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )
         return out.view(-1, self.num_heads * self.head_dim)

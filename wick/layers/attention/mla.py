@@ -6,7 +6,8 @@ c (from which every head's keys and values are projected) and the rotated shared
 
 Attention runs in the latent space (the up-projection absorbed into the query and the output): with
 W_uk [H, nope, r] and W_uv [H, v, r] the two halves of kv_b_proj, score(q, j) = (q_nope W_uk) . c_j +
-q_pe . k_pe_j and out = W_uv (softmax . c), so a step reads only the compressed cache.
+q_pe . k_pe_j and out = W_uv (softmax . c), so a step reads only the compressed cache. An fp8 cache holds the
+entries in e4m3 with scale 1.0 (the latent is normalised).
 mla_attention_ref is the plain form (keys and values expanded per head), which the tests compare with.
 """
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wick.kernels.kv_cache_write import as_storable, write_pages
 from wick.layers.attention.metadata import get_forward_context
 
 
@@ -42,9 +44,8 @@ class MLAAttention(nn.Module):
         """q_nope [T, H, nope], q_pe [T, H, rope] (rotated), latent [T, r] (normalised), k_pe [T, rope]
         (rotated), kv_b_weight [H * (nope + v), r]. Returns [T, H * v]."""
         metadata = get_forward_context().attn_metadata
-        cache = self.kv_cache.view(-1, self.kv_lora_rank + self.qk_rope_head_dim)
         write = metadata.slot_mapping >= 0
-        cache.index_copy_(0, metadata.slot_mapping[write], torch.cat((latent, k_pe), dim=-1)[write])
+        write_pages(self.kv_cache, metadata.slot_mapping[write], torch.cat((latent, k_pe), dim=-1)[write, None], 1.0)
 
         w = kv_b_weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         w_uk, w_uv = w.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)
@@ -55,7 +56,8 @@ class MLAAttention(nn.Module):
         for i, seq_len in enumerate(metadata.seq_lens_cpu):
             start, end = starts[i], starts[i + 1]
             blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
-            entries = self.kv_cache[blocks].flatten(0, 2)[:seq_len]
+            entries = as_storable(self.kv_cache)[blocks].flatten(0, 2)[:seq_len].view(self.kv_cache.dtype)
+            entries = entries.to(q_nope.dtype)
             c, pe = entries.split([self.kv_lora_rank, self.qk_rope_head_dim], dim=-1)
             scores = (torch.einsum("thr,kr->htk", q_latent[start:end], c)
                       + torch.einsum("the,ke->htk", q_pe[start:end], pe)).float() * self.scale

@@ -50,9 +50,14 @@ def _default_backend(device: torch.device) -> str:
     return "triton"
 
 
-def get_attention_backend(name: str | None, device: torch.device) -> AttentionBackend:
-    """name None picks the best backend available on device."""
+def get_attention_backend(name: str | None, device: torch.device,
+                          kv_cache_dtype: torch.dtype | None = None) -> AttentionBackend:
+    """name None picks the best backend available on device; ValueError if it cannot hold kv_cache_dtype."""
     name = name or _default_backend(device)
     if name not in _BACKENDS:
         raise ValueError(f"unknown attention backend {name!r} for {device}; available: {', '.join(_BACKENDS)}")
+    if kv_cache_dtype == torch.float8_e4m3fn and name != "torch" and device.type == "cuda" \
+            and torch.cuda.get_device_capability(device) < (8, 9):
+        raise ValueError(f"the {name} attention backend needs a GPU of compute capability 8.9 or more for an "
+                         "fp8 KV cache; use --attention-backend torch or the model's dtype")
     return _BACKENDS[name]()

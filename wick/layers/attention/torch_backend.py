@@ -3,13 +3,15 @@
 A prompt with nothing cached attends over its own new keys with SDPA's causal kernel (no mask, no gather: on a
 CPU this is what keeps a long prefill linear in memory); a decode step needs no mask; a chunk after cached
 context, a sliding window or soft-capped logits get an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
-(repeated copies only for soft-capping, which SDPA cannot do)."""
+(repeated copies only for soft-capping, which SDPA cannot do). An fp8 cache is converted back to the queries'
+dtype and scaled; a prompt then attends over its new keys as that cache holds them."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+from wick.kernels.kv_cache_write import as_storable, to_cache, write_pages
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
 
@@ -26,12 +28,18 @@ class TorchAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         write = metadata.slot_mapping >= 0
         slots = metadata.slot_mapping[write]
-        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, k[write])
-        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slots, v[write])
+        write_pages(k_cache, slots, k[write], k_scale)
+        write_pages(v_cache, slots, v[write], v_scale)
+        scaled = k_cache.dtype != q.dtype
+        if scaled:
+            k = to_cache(k, k_cache.dtype, k_scale).to(q.dtype) * k_scale
+            v = to_cache(v, v_cache.dtype, v_scale).to(q.dtype) * v_scale
 
         out = torch.zeros_like(q)
         starts = metadata.query_start_loc_cpu
@@ -45,8 +53,10 @@ class TorchAttentionBackend(AttentionBackend):
                     is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
                 continue
             blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
-            keys = k_cache[blocks].flatten(0, 1)[:seq_len]
-            values = v_cache[blocks].flatten(0, 1)[:seq_len]
+            keys = as_storable(k_cache)[blocks].flatten(0, 1)[:seq_len].view(k_cache.dtype)
+            values = as_storable(v_cache)[blocks].flatten(0, 1)[:seq_len].view(v_cache.dtype)
+            if scaled:
+                keys, values = keys.to(q.dtype) * k_scale, values.to(q.dtype) * v_scale
             # query j sits at position seq_len - query_len + j and sees keys up to there
             query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
             key_pos = torch.arange(seq_len, device=q.device)

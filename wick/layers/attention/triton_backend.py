@@ -25,11 +25,14 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> torch.Tensor:
-        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping)
+        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         out = paged_attention(q, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_tables, scale, metadata.max_query_len, metadata.max_seq_len,
-                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap)
+                              sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                              k_scale=k_scale, v_scale=v_scale)
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         if num_request_tokens < q.shape[0]:
             out[num_request_tokens:].zero_()  # tokens of no request, left unwritten by the kernel

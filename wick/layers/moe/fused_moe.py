@@ -17,6 +17,7 @@ from torch import nn
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
 from wick.layers.moe.routing import select_experts
+from wick.layers.quantization.gguf import as_dense
 
 if TYPE_CHECKING:
     from wick.models.config import MoeSpec
@@ -63,6 +64,7 @@ class RouterLinear(nn.Module):
 
 
 def _replicated_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: None = None) -> None:
+    loaded_weight = as_dense(loaded_weight, param.dtype)  # a router matrix of a GGUF file comes packed
     if param.shape != loaded_weight.shape:
         raise ValueError(f"shape mismatch: parameter {tuple(param.shape)}, checkpoint {tuple(loaded_weight.shape)}")
     param.data.copy_(loaded_weight)

@@ -1,0 +1,50 @@
+"""The GGUF dequantize-in-kernel matmul against x @ W^T over the torch dequantizers (the reference)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+
+from wick.kernels.gguf_matmul import GEMV_MAX_ROWS, TRITON_TYPES, gguf_matmul
+from wick.loader.gguf_dequant import dequantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
+from gguf_blocks import random_gguf  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+
+def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.dtype) -> None:
+    weight = random_gguf(qtype, n, k, seed=int(qtype))
+    data = weight.data.to(DEVICE)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
+    expected = x.float() @ dequantize(data, qtype, (n, k)).t()
+    out = gguf_matmul(x, data, qtype, (n, k))
+    assert out.dtype == dtype and out.shape == (rows, n)
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * scale, rtol=0)
+
+
+@pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS + 3])
+def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> None:
+    k = 512 if qtype >= GGMLQuantizationType.Q2_K else 96
+    _check(qtype, rows, 40, k, torch.float32)
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)
+def test_half_precision(qtype: GGMLQuantizationType) -> None:
+    _check(qtype, 17, 24, 256, torch.float16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 4, 64, 300])
+def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
+    _check(qtype, rows, 1000, 4096, torch.bfloat16)

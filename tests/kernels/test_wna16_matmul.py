@@ -1,0 +1,58 @@
+"""The W4A16 / W8A16 kernel against x @ W over the torch dequantization of the same packed weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wick.kernels.wna16_matmul import GEMV_MAX_ROWS, pack_rows, unpack_rows, wna16_dequantize, wna16_matmul
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def _weights(bits: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(bits + k)
+    q = torch.randint(0, 1 << bits, (k, n), generator=g)
+    groups = k // group
+    g_idx = torch.arange(k) // group
+    if shuffled:
+        g_idx = g_idx[torch.randperm(k, generator=g)]
+    scales = (torch.rand(groups, n, generator=g) * 0.02).to(dtype)
+    zeros = torch.randint(0, 1 << bits, (groups, n), generator=g).to(dtype)
+    return (pack_rows(q, bits).to(DEVICE), scales.to(DEVICE), zeros.to(DEVICE), g_idx.to(torch.int32).to(DEVICE))
+
+
+def test_pack_round_trip() -> None:
+    values = torch.randint(0, 16, (64, 5))
+    assert torch.equal(unpack_rows(pack_rows(values, 4), 4), values)
+    values = torch.randint(0, 256, (64, 5))
+    assert torch.equal(unpack_rows(pack_rows(values, 8), 8), values)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS + 9])
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sequential", "act_order"])
+def test_matches_dequantized_matmul(bits: int, rows: int, shuffled: bool) -> None:
+    _check(bits, rows, 192, 80, 32, shuffled, torch.float32)
+
+
+def test_half_precision() -> None:
+    _check(4, 20, 128, 64, 64, False, torch.float16)
+
+
+def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype) -> None:
+    qweight, scales, zeros, g_idx = _weights(bits, k, n, group, shuffled, dtype)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    expected = x.float() @ wna16_dequantize(qweight, scales.float(), zeros.float(), g_idx, bits)
+    out = wna16_matmul(x, qweight, scales, zeros, g_idx, bits)
+    assert out.dtype == dtype and out.shape == (rows, n)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 7, 64, 500])
+def test_gpu_bf16(bits: int, rows: int) -> None:
+    _check(bits, rows, 4096, 1024, 128, True, torch.bfloat16)

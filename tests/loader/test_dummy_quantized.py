@@ -1,0 +1,46 @@
+"""`--load-format dummy` with every quantization: random weights in the format's own layout, a forward
+that runs, and the load log line with the format and the size."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from wick.config import EngineArgs
+from wick.layers.quantization.base import quantization_scope
+from wick.loader.weights import load_weights
+from wick.models.registry import get_model_class
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from paged_generate import PagedRunner, Sequence  # noqa: E402
+
+CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 256, "hidden_size": 256,
+          "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+@pytest.mark.parametrize(("quantization", "marker", "label"), [
+    ("q4k", "gguf_parts", "Q4_K (in-situ)"), ("q8_0", "gguf_parts", "Q8_0 (in-situ)"),
+    ("gptq", "qweight", "GPTQ 4-bit g128"), ("awq", "qweight", "AWQ 4-bit g128"),
+    ("fp8", "weight", "FP8 e4m3 (in-situ, per row)"), (None, "weight", "float32"),
+])
+def test_dummy_weights_in_every_format(tmp_path: Path, caplog: pytest.LogCaptureFixture, quantization: str | None,
+                                       marker: str, label: str) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    config = EngineArgs(model=str(tmp_path), load_format="dummy", quantization=quantization,
+                        device="cpu").create_engine_config()
+    with quantization_scope(config.quant_config):
+        model = get_model_class(CONFIG["architectures"])(config.hf_config).eval()
+    with caplog.at_level(logging.INFO, logger="wick.loader.weights"):
+        load_weights(model, config.source, seed=0, quant_config=config.quant_config)
+    assert any(record.getMessage().startswith(f"weights: {label}, ") and "GiB on cpu" in record.getMessage()
+               for record in caplog.records)
+    layer = model.model.layers[1].mlp.down_proj
+    assert getattr(layer, marker) is not None
+    (logits,) = PagedRunner(model).step([(Sequence([5, 9, 2, 7]), 4)])
+    assert torch.isfinite(logits).all() and logits.abs().max() > 0

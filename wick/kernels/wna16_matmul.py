@@ -1,0 +1,102 @@
+"""x @ W for 4- or 8-bit integer weights with group scales and zero points (GPTQ and AWQ, W4A16 / W8A16).
+
+The layout both formats are brought to at load: `qweight` int32 [K / (32 / bits), N], each word holding
+consecutive input rows from its lowest bits up; `scales` and `zeros` [groups, N] in the activations'
+dtype (zero points as values, not packed); `g_idx` int32 [K], the group of each input row (GPTQ's
+act-order checkpoints put rows of one group anywhere). W[k, n] = (q[k, n] - zeros[g, n]) * scales[g, n].
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
+    """int32 [K / pack, N] -> int32 [K, N] of the values, lowest bits first."""
+    pack = 32 // bits
+    shifts = torch.arange(0, 32, bits, device=qweight.device, dtype=torch.int32)
+    values = (qweight.unsqueeze(1) >> shifts.reshape(1, pack, 1)) & ((1 << bits) - 1)
+    return values.reshape(-1, qweight.shape[1])
+
+
+def pack_rows(values: torch.Tensor, bits: int) -> torch.Tensor:
+    """int [K, N] -> int32 [K / pack, N]: the inverse of unpack_rows."""
+    pack = 32 // bits
+    shifts = torch.arange(0, 32, bits, device=values.device, dtype=torch.int64)
+    words = (values.to(torch.int64).reshape(-1, pack, values.shape[1]) << shifts.reshape(1, pack, 1)).sum(1)
+    return (words - ((words >> 31) << 32)).to(torch.int32)  # two's complement of the uint32
+
+
+def wna16_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
+                     bits: int) -> torch.Tensor:
+    """The reference: W [K, N] in the scales' dtype."""
+    q = unpack_rows(qweight, bits).to(scales.dtype)
+    groups = g_idx.long()
+    return (q - zeros[groups]) * scales[groups]
+
+
+@triton.jit
+def _wna16_kernel(
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_om,
+    BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GEMV: tl.constexpr,
+):
+    PACK: tl.constexpr = 32 // BITS
+    pid_m = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    if GEMV:
+        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    else:
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        k_mask = k < K
+        mask = k_mask[:, None] & n_mask[None, :]
+        words = tl.load(qweight_ptr + (k // PACK).to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
+        q = (words >> ((k % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
+        group = tl.load(g_idx_ptr + k, mask=k_mask, other=0).to(tl.int64)
+        offsets = group[:, None] * N + cols[None, :]
+        scale = tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        w = (q.to(tl.float32) - zero) * scale
+        if GEMV:
+            x = tl.load(x_ptr + pid_m.to(tl.int64) * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
+            acc += tl.sum(w * x[:, None], axis=0)
+        else:
+            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :],
+                        mask=(rows < M)[:, None] & k_mask[None, :], other=0.0)
+            acc += tl.dot(x, w.to(x_ptr.dtype.element_ty), out_dtype=tl.float32)
+    if GEMV:
+        tl.store(out_ptr + pid_m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & n_mask[None, :])
+
+
+GEMV_MAX_ROWS = 8
+
+
+def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                 g_idx: torch.Tensor, bits: int) -> torch.Tensor:
+    """x [..., K] @ W [K, N] in x's dtype, W dequantized inside the kernel."""
+    k, n = g_idx.shape[0], qweight.shape[1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out.reshape(*x.shape[:-1], n)
+    gemv = m <= GEMV_MAX_ROWS
+    block_m = 1 if gemv else 16 if m <= 16 else 64
+    block_n = 64 if gemv else 64
+    block_k = 128 if gemv else 32
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    _wna16_kernel[grid](x2, qweight, scales, zeros, g_idx, out, m, n, k, x2.stride(0), out.stride(0),
+                        BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GEMV=gemv)
+    return out.reshape(*x.shape[:-1], n)

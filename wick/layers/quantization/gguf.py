@@ -1,0 +1,174 @@
+"""GGUF weights kept in their block format.
+
+A linear layer holds each merged shard's packed rows ([rows, row bytes] of uint8, one GGUF type per
+shard; llama.cpp's mixes put e.g. Q6_K v beside Q4_K q and k). On a GPU, consecutive shards of one
+type are joined and run by Triton kernels (a fused dequantize-GEMV for a few rows of input, a
+dequantize-in-tile matmul for more); elsewhere the torch dequantizers of wick/loader/gguf_dequant.py
+turn a bounded slice of rows back into floats per forward. On CPU the packed rows stay views of
+the file's memory map, so the weights cost the file's pages and nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+from torch import nn
+
+from wick.layers.quantization.base import LinearMethod, QuantizationConfig
+from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
+
+# Rows of weight dequantized at once by the torch path: a bound on its temporary, not on speed.
+_DEQUANT_CHUNK_BYTES = 64 << 20
+
+
+@dataclass
+class GGUFWeight:
+    """A 2-D GGUF tensor as stored: `data` is [rows, row bytes] of uint8; `shape` is (rows, columns)."""
+
+    data: torch.Tensor
+    qtype: GGMLQuantizationType
+    shape: tuple[int, int]
+
+    @property
+    def block_size(self) -> int:
+        return GGML_QUANT_SIZES[self.qtype][0]
+
+    def rows(self, start: int, size: int) -> GGUFWeight:
+        return GGUFWeight(self.data.narrow(0, start, size), self.qtype, (size, self.shape[1]))
+
+    def columns(self, start: int, size: int) -> GGUFWeight:
+        if start == 0 and size == self.shape[1]:
+            return self
+        block, type_size = GGML_QUANT_SIZES[self.qtype]
+        if start % block or size % block:
+            raise ValueError(f"a {self.qtype.name} tensor splits only at multiples of {block} columns, "
+                             f"not at {start} + {size}: choose another tensor-parallel size")
+        return GGUFWeight(self.data.narrow(1, start // block * type_size, size // block * type_size),
+                          self.qtype, (self.shape[0], size))
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return dequantize(self.data, self.qtype, self.shape).to(dtype)
+
+
+def as_dense(weight: torch.Tensor | GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor for a layer that holds plain floats (a router, a replicated projection)."""
+    return weight.dequantize(dtype) if isinstance(weight, GGUFWeight) else weight
+
+
+_FLOAT_TYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F16: torch.float16,
+                GGMLQuantizationType.BF16: torch.bfloat16}
+
+
+def gguf_linear(x: torch.Tensor, weight: GGUFWeight) -> torch.Tensor:
+    """x [..., columns] @ dequantized(weight)^T -> [..., rows], in x's dtype."""
+    if weight.qtype in _FLOAT_TYPES:
+        return x @ weight.data.view(_FLOAT_TYPES[weight.qtype]).to(x.dtype).t()
+    if x.is_cuda and weight.qtype in _triton_types():
+        from wick.kernels.gguf_matmul import gguf_matmul
+
+        return gguf_matmul(x, weight.data, weight.qtype, weight.shape)
+    rows, columns = weight.shape
+    chunk = max(1, _DEQUANT_CHUNK_BYTES // (columns * 4))
+    if rows <= chunk:
+        return x @ weight.dequantize(x.dtype).t()
+    out = x.new_empty(*x.shape[:-1], rows)
+    for start in range(0, rows, chunk):
+        size = min(chunk, rows - start)
+        out[..., start:start + size] = x @ weight.rows(start, size).dequantize(x.dtype).t()
+    return out
+
+
+def gguf_embedding(ids: torch.Tensor, weight: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
+    """The rows `ids` of a packed embedding, dequantized: [*ids.shape, columns]."""
+    rows = weight.data[ids.reshape(-1)]
+    return dequantize(rows, weight.qtype, (rows.shape[0], weight.shape[1])).to(dtype).reshape(
+        *ids.shape, weight.shape[1])
+
+
+def _triton_types() -> frozenset[GGMLQuantizationType]:
+    from wick.kernels.gguf_matmul import TRITON_TYPES
+
+    return TRITON_TYPES
+
+
+class GGUFConfig(QuantizationConfig):
+    name = "gguf"
+
+    def __init__(self, file_type: int | None = None) -> None:
+        self.file_type = file_type
+
+    def get_linear_method(self) -> LinearMethod:
+        return GGUFLinearMethod()
+
+    def packs_gguf(self) -> bool:
+        return True
+
+    def describe(self) -> str:
+        if self.file_type is None:
+            return "GGUF"
+        try:
+            return LlamaFileType(self.file_type).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            return f"GGUF file type {self.file_type}"
+
+
+class GGUFLinearMethod(LinearMethod):
+    """The layer's `weight` parameter is a placeholder for the loader; the packed shards live in
+    `layer.gguf_shards` (while loading) and `layer.gguf_parts` (after)."""
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
+                       params_dtype: torch.dtype) -> None:
+        weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        weight.weight_loader = partial(self._load, layer)
+        layer.register_parameter("weight", weight)
+        layer.gguf_shards = {}
+        layer.gguf_parts = []
+
+    @staticmethod
+    def _load(layer: nn.Module, param: nn.Parameter, loaded: GGUFWeight | torch.Tensor,
+              shard_id: int | str | None = None) -> None:
+        if not isinstance(loaded, GGUFWeight):
+            raise TypeError(f"a GGUF layer loads packed GGUF tensors, got {type(loaded).__name__}")
+        if loaded.qtype not in SUPPORTED_TYPES:
+            raise NotImplementedError(f"GGUF tensor type {loaded.qtype.name} is not supported")
+        offset, size, start = layer.output_shard(shard_id)
+        in_start, in_size = layer.input_shard()
+        if loaded.shape[0] < start + size:
+            raise ValueError(f"GGUF tensor of {loaded.shape[0]} rows is smaller than the layer's shard")
+        part = loaded.rows(start, size).columns(in_start, in_size)
+        if part.shape != (size, layer.input_size):
+            raise ValueError(f"shape mismatch: layer shard {(size, layer.input_size)}, GGUF tensor {part.shape}")
+        data = part.data.to(param.device)
+        layer.gguf_shards[offset] = GGUFWeight(data, part.qtype, part.shape)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        shards = [layer.gguf_shards[offset] for offset in sorted(layer.gguf_shards)]
+        if sum(s.shape[0] for s in shards) != layer.output_size:
+            raise ValueError("a GGUF layer is missing some of its merged shards")
+        parts: list[GGUFWeight] = []
+        for shard in shards:
+            last = parts[-1] if parts else None
+            # Joining copies; on CPU the shards stay views of the file instead.
+            if last is not None and last.qtype == shard.qtype and shard.data.device.type != "cpu":
+                parts[-1] = GGUFWeight(torch.cat([last.data, shard.data]), shard.qtype,
+                                       (last.shape[0] + shard.shape[0], shard.shape[1]))
+            else:
+                parts.append(shard)
+        layer.gguf_parts = parts
+        layer.gguf_shards = {}
+
+    def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        return [part.data for part in layer.gguf_parts]
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return apply_gguf_parts(layer.gguf_parts, x, bias)
+
+
+def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ [part_0; part_1; ...]^T (+ bias)."""
+    outputs = [gguf_linear(x, part) for part in parts]
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+    return out + bias if bias is not None else out
