@@ -109,3 +109,10 @@ def test_within_budget_bounds_open_strings_so_the_call_can_close() -> None:
     assert matcher.accept_string(json.dumps({"location": longest}))
     matcher.reset()
     assert not matcher.accept_string(json.dumps({"location": longest + "x"}))
+
+
+def test_a_raw_control_character_in_a_forced_call_is_escaped() -> None:
+    forced = forced_call([{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                         {"type": "function", "function": {"name": "f"}})
+    [call] = parse_forced('{"location": "Paris\x08"}', forced)
+    assert json.loads(call.arguments) == {"location": "Paris\b"}

@@ -129,7 +129,9 @@ def within_budget(forced: ForcedCall, max_tokens: int) -> ForcedCall:
 def parse_forced(text: str, forced: ForcedCall) -> list[ToolCall]:
     """The calls in an output made under `forced`; empty when it is not one (e.g. cut short by max_tokens)."""
     try:
-        value = json.loads(text)
+        # strict=False: the grammar lets a raw control character into a string; the arguments are re-serialised
+        # below, which escapes it.
+        value = json.loads(text, strict=False)
     except ValueError:
         return []
     if forced.function is not None:
