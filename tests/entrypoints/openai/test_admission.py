@@ -19,6 +19,8 @@ from wick_server import ServerProcess
 
 QUEUE_BOUND = 3
 BODY_LIMIT = 1 << 20
+pytestmark = pytest.mark.slow
+
 COMPLETIONS = "/v1/completions"
 
 

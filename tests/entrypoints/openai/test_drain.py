@@ -19,6 +19,8 @@ from processes import process_exists
 from streams import begin
 from wick_server import ServerProcess
 
+pytestmark = pytest.mark.slow
+
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"
 # Greedy: random sampling over the vocabulary is what a starved CPU does slowest.
