@@ -144,6 +144,8 @@ def _load_fused(param: nn.Parameter, tensor: torch.Tensor) -> None:
         sizes = [heads * owner.head_size, kv_heads * owner.head_size, kv_heads * owner.head_size]
         shard_ids: list[Any] = ["q", "k", "v"]
     else:
-        sizes, shard_ids = owner.output_sizes, list(range(len(owner.output_sizes)))
+        # output_sizes are this rank's; the checkpoint holds every rank's.
+        sizes = [size * owner.tp_size for size in owner.output_sizes]
+        shard_ids = list(range(len(owner.output_sizes)))
     for shard_id, part in zip(shard_ids, tensor.split(sizes, dim=0), strict=True):
         param.weight_loader(param, part, shard_id)
