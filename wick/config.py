@@ -60,6 +60,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     attention_backend: str | None = None
     enforce_eager: bool = False
+    # Schedule step N+1 while the device runs step N. None: on where it pays (a GPU), off on a CPU.
+    async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     # Several machines: node 0 serves and schedules; every node runs tensor_parallel_size / nnodes ranks.
     nnodes: int = 1
@@ -205,6 +207,11 @@ class EngineConfig:
     @property
     def block_size(self) -> int:
         return self.args.block_size
+
+    @property
+    def async_scheduling(self) -> bool:
+        chosen = self.args.async_scheduling
+        return self.device.type == "cuda" if chosen is None else chosen
 
 
 def _resolve_dtype(name: str, hf_config: PretrainedConfig, device: torch.device) -> torch.dtype:

@@ -40,15 +40,17 @@ def reference(tiny_llama_dir: str, prompts: list[list[int]]) -> dict[str, list[l
 
 
 @pytest.mark.parametrize("name,params", [("greedy", GREEDY), ("seeded", SEEDED)])
-def test_batch_of_16_matches_alone(tiny_llama_dir, prompts, reference, name, params):
-    llm = LLM(tiny_llama_dir, enable_prefix_caching=False)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batch_of_16_matches_alone(tiny_llama_dir, prompts, reference, name, params, overlap):
+    llm = LLM(tiny_llama_dir, enable_prefix_caching=False, async_scheduling=overlap)
     assert _generate(llm, prompts, params) == reference[name]
     _assert_no_leak(llm)
 
 
 @pytest.mark.parametrize("name,params", [("greedy", GREEDY), ("seeded", SEEDED)])
-def test_chunked_prefill_matches_alone(tiny_llama_dir, prompts, reference, name, params):
-    llm = LLM(tiny_llama_dir, max_num_batched_tokens=16, enable_prefix_caching=False)
+@pytest.mark.parametrize("overlap", [False, True])
+def test_chunked_prefill_matches_alone(tiny_llama_dir, prompts, reference, name, params, overlap):
+    llm = LLM(tiny_llama_dir, max_num_batched_tokens=16, enable_prefix_caching=False, async_scheduling=overlap)
     assert _generate(llm, prompts, params) == reference[name]
     _assert_no_leak(llm)
 
@@ -65,12 +67,35 @@ def test_prefix_cache_hit_matches_alone(tiny_llama_dir, prompts, reference):
 
 
 @pytest.mark.parametrize("name,params", [("greedy", GREEDY), ("seeded", SEEDED)])
-def test_preemption_matches_alone(tiny_llama_dir, prompts, reference, name, params):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_preemption_matches_alone(tiny_llama_dir, prompts, reference, name, params, overlap):
     # 24 blocks of 4 tokens: the longest request needs 24 blocks alone, so a batch must preempt.
-    llm = LLM(tiny_llama_dir, block_size=4, num_kv_blocks=24)
+    llm = LLM(tiny_llama_dir, block_size=4, num_kv_blocks=24, async_scheduling=overlap)
     assert _generate(llm, prompts, params) == reference[name]
     assert llm.core.scheduler.num_preemptions > 0
     _assert_no_leak(llm)
+
+
+def test_overlap_changes_no_output(tiny_llama_dir, prompts):
+    """Stops, logprobs, prompt logprobs, n > 1, min_tokens and penalties (which make the engine wait for
+    each token) give the same outputs with overlapped scheduling as without."""
+    params = [SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i, max_tokens=10 + i,
+                             min_tokens=3 if i % 3 == 0 else 0, logprobs=2 if i % 4 == 0 else None,
+                             prompt_logprobs=1 if i % 5 == 0 else None, n=2 if i % 7 == 0 else 1,
+                             presence_penalty=0.5 if i == 6 else 0.0)
+              for i in range(len(prompts))]
+    probe = LLM(tiny_llama_dir, async_scheduling=False).generate(prompts, params)
+    # Each request stops at what would have been its sixth token: a stop one step before the engine knows it.
+    params = [p.clone(stop_token_ids=[out.outputs[0].token_ids[5]]) for p, out in zip(params, probe, strict=True)]
+    results = {}
+    for overlap in (False, True):
+        llm = LLM(tiny_llama_dir, block_size=4, num_kv_blocks=40, async_scheduling=overlap)
+        outs = llm.generate(prompts, params)
+        results[overlap] = [(out.prompt_logprobs, [(o.token_ids, o.logprobs, o.finish_reason, o.stop_reason)
+                                                   for o in out.outputs]) for out in outs]
+        _assert_no_leak(llm)
+    assert results[True] == results[False]
+    assert sum(o[2] == "stop" for _, outs in results[True] for o in outs) >= len(prompts) // 2
 
 
 def test_n_samples_share_prompt_blocks(tiny_llama_dir, prompts):

@@ -56,6 +56,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, positional_model: bool = F
     device.add_argument("--device", default="auto")
     device.add_argument("--attention-backend", default=None)
     device.add_argument("--enforce-eager", action="store_true")
+    device.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="schedule the next step while the device runs this one (default: on a GPU)")
     device.add_argument("--seed", type=int, default=0)
     device.add_argument("--log", action="store_true", help="log wick's debug messages too (candle-vllm)")
 
@@ -108,7 +110,8 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         gpu_memory_utilization=args.gpu_memory_utilization, kv_cache_memory=kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching, enable_chunked_prefill=args.enable_chunked_prefill,
         attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-        tensor_parallel_size=_tensor_parallel_size(args), nnodes=args.nnodes, node_rank=args.node_rank,
+        async_scheduling=args.async_scheduling, tensor_parallel_size=_tensor_parallel_size(args),
+        nnodes=args.nnodes, node_rank=args.node_rank,
         master_addr=args.master_addr, master_port=args.master_port, seed=args.seed, chat_template=args.chat_template,
         trust_remote_code=args.trust_remote_code, download_dir=args.download_dir,
         generation_config=args.generation_config, override_generation_config=sampling_overrides(args),

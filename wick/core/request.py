@@ -48,6 +48,9 @@ class Request:
         self.prefill_leader = prefill_leader
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
+        # Tokens sampled by steps in flight that have not reached the scheduler yet: with overlapped
+        # scheduling the next step is scheduled as if they were there.
+        self.num_output_placeholders = 0
         self.block_ids: list[int] = []
         # Hashes of this request's full blocks, in order; filled by the KV cache manager.
         self.block_hashes: list[bytes] = []
@@ -80,4 +83,5 @@ class Request:
 
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, status={self.status.value}, prompt={self.num_prompt_tokens}, "
-                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")
+                f"output={self.num_output_tokens}, computed={self.num_computed_tokens}, "
+                f"placeholders={self.num_output_placeholders})")

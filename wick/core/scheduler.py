@@ -79,7 +79,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            if request.num_output_placeholders and self._will_finish(request):
+                i += 1
+                continue
+            num_new = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
             while not kv.allocate_slots(request, num_new):
                 victim = self.running.pop()
                 self._preempt(victim)
@@ -95,6 +98,8 @@ class Scheduler:
         if not output.preempted_req_ids:
             budget = self._admit_waiting(output, budget)
         output.total_num_scheduled_tokens = self.max_num_batched_tokens - budget
+        if not output.num_scheduled_tokens:  # no step runs: the workers hear of these with the next one
+            self._finished_ids = output.finished_req_ids
         return output
 
     def _add_to_output(self, output: SchedulerOutput, request: Request, num_new: int) -> None:
@@ -112,6 +117,8 @@ class Scheduler:
         self._num_blocks_sent[rid] = len(request.block_ids)
         output.num_scheduled_tokens[rid] = num_new
         request.num_computed_tokens += num_new
+        if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+            request.num_output_placeholders += 1  # this step samples the request's next token
 
     def _admit_waiting(self, output: SchedulerOutput, budget: int) -> int:
         kv = self.kv_cache_manager
@@ -119,7 +126,8 @@ class Scheduler:
         for request in self.waiting:
             if budget == 0 or len(self.running) >= self.max_num_seqs:
                 break
-            if self._waits_for_leader(request):
+            # A request preempted while a step of it was in flight comes back once that token is in.
+            if request.num_output_placeholders or self._waits_for_leader(request):
                 continue
             computed_blocks, num_cached = kv.get_computed_blocks(request)
             num_new = request.num_tokens - num_cached
@@ -168,16 +176,18 @@ class Scheduler:
         starts.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_cached_reqs)
         sampled = dict(zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True))
         updated = []
-        any_finished = False
+        any_finished = any_finished_waiting = False
         for rid, num_new in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(rid)
-            if request is None or request.is_finished:  # aborted since the step was scheduled
+            if request is None:  # finished or aborted since the step was scheduled
                 continue
-            self.kv_cache_manager.cache_blocks(request, starts[rid] + num_new)
-            self.kv_cache_manager.free_out_of_window(request)
+            if request.status is RequestStatus.RUNNING:  # not preempted since (its blocks are gone then)
+                self.kv_cache_manager.cache_blocks(request, starts[rid] + num_new)
+                self.kv_cache_manager.free_out_of_window(request)
             token = sampled.get(rid)
             if token is None:
                 continue
+            request.num_output_placeholders -= 1
             request.append_output_token(token)
             grammar = request.structured_output
             if grammar is not None and grammar.advance(request.output_token_ids):
@@ -185,12 +195,22 @@ class Scheduler:
             else:
                 status = self._stop_status(request)
             if status is not None:
+                any_finished_waiting |= request.status is RequestStatus.PREEMPTED
                 self._finish(request, status)
                 any_finished = True
             updated.append(request)
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
+        if any_finished_waiting:
+            self.waiting = deque(r for r in self.waiting if not r.is_finished)
         return updated
+
+    def _will_finish(self, request: Request) -> bool:
+        """Whether the tokens in flight bring the request to its length limit: it needs no more steps."""
+        num_output = request.num_output_tokens + request.num_output_placeholders
+        max_tokens = request.sampling_params.max_tokens
+        return ((max_tokens is not None and num_output >= max_tokens)
+                or request.num_tokens + request.num_output_placeholders >= self._max_len)
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         params = request.sampling_params

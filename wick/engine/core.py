@@ -5,15 +5,18 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from collections import deque
 
 from wick.config import EngineConfig
 from wick.core.kv_cache_manager import KVCacheManager
 from wick.core.request import Request, RequestStatus
+from wick.core.sched_output import ModelRunnerOutput, SchedulerOutput
 from wick.core.scheduler import Scheduler
 from wick.core.structured_output import StructuredOutputManager
 from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
 from wick.executor import create_executor
 from wick.models.config import common_window
+from wick.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +43,10 @@ class EngineCore:
         self.vocab_size = config.hf_config.vocab_size
         self._rng = random.Random(config.args.seed)
         self._arrivals = itertools.count()
+        # Steps launched whose outputs have not been processed yet (at most one, with overlap).
+        self._in_flight: deque[SchedulerOutput] = deque()
+        # Unfinished requests that need every step's token on the host before the next step.
+        self._sync_ids: set[str] = set()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         """Raises ValueError at once for a request that can never be served."""
@@ -48,6 +55,8 @@ class EngineCore:
                                arrival_order=next(self._arrivals), prefill_leader=request.prefill_leader)
         self.structured_output.init_request(core_request)
         self.scheduler.add_request(core_request)
+        if core_request.structured_output is not None or _uses_penalties(request.sampling_params):
+            self._sync_ids.add(request.request_id)
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.scheduler.abort(request_ids)
@@ -56,24 +65,47 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[EngineCoreOutput]:
+        """Schedules and launches a step; returns the outputs of the step that finished. With overlapped
+        scheduling that is the previous one (the first step returns none): the host schedules step N+1
+        while the device runs step N. Requests whose next step needs step N's token on the host (grammar
+        masks, penalties) make the engine wait for it first."""
+        if self._sync_ids:
+            self._sync_ids &= self.scheduler.requests.keys()
+        overlap = self.config.async_scheduling and not self._sync_ids
+        if self._in_flight and not overlap:
+            return self._finish_in_flight()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.num_scheduled_tokens:
-            return []
+            return self._finish_in_flight() if self._in_flight else []
+        if overlap:
+            self.executor.execute_and_sample_async(scheduler_output)
+            self._in_flight.append(scheduler_output)
+            return self._finish_in_flight() if len(self._in_flight) > 1 else []
         requests = self.scheduler.requests
         samplers = [requests[rid] for rid in scheduler_output.num_scheduled_tokens
-                    if requests[rid].num_computed_tokens == requests[rid].num_tokens]
+                    if requests[rid].num_output_placeholders]
         if self.structured_output.any_active(samplers):
             self.executor.execute_model(scheduler_output)
             # On a GPU the forward is running now: the grammar masks fill on the CPU meanwhile.
             result = self.executor.sample_tokens(self.structured_output.fill_bitmask(samplers))
         else:
             result = self.executor.execute_and_sample(scheduler_output)
+        return self._process(scheduler_output, result)
+
+    def _finish_in_flight(self) -> list[EngineCoreOutput]:
+        return self._process(self._in_flight.popleft(), self.executor.take_output())
+
+    def _process(self, scheduler_output: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
+        requests = self.scheduler.requests
+        starts = {d.req_id: d.num_computed_tokens for d in scheduler_output.scheduled_new_reqs}
+        starts.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_cached_reqs)
         prompt_logprobs = {}
         for rid, entries in result.prompt_logprobs.items():
-            request = requests[rid]
+            request = requests.get(rid)
+            if request is None:
+                continue
             # After a preemption the prompt is computed again: keep only positions not reported yet.
-            start = request.num_computed_tokens - scheduler_output.num_scheduled_tokens[rid]
-            new = entries[max(0, len(request.prompt_logprobs) - start):]
+            new = entries[max(0, len(request.prompt_logprobs) - starts[rid]):]
             if new:
                 request.prompt_logprobs.extend(new)
                 prompt_logprobs[rid] = new
@@ -93,6 +125,11 @@ class EngineCore:
 
     def shutdown(self) -> None:
         self.executor.shutdown()
+
+
+def _uses_penalties(params: SamplingParams) -> bool:
+    return (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+            or params.frequency_penalty != 0.0)
 
 
 def _finish_reason(request: Request) -> str | None:

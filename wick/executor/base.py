@@ -36,6 +36,16 @@ class Executor(ABC):
         """A whole step without grammar masks: one message to the workers instead of two."""
         return self.collective_rpc("execute_and_sample", scheduler_output)
 
+    def execute_and_sample_async(self, scheduler_output: SchedulerOutput) -> None:
+        """Launches a whole step and returns before it finishes; take_output collects it."""
+        self.collective_rpc("execute_and_sample_async", scheduler_output)
+
+    def take_output(self) -> ModelRunnerOutput:
+        """The output of the oldest step launched and not yet taken, once it is done (rank 0 only: the
+        other ranks keep their copies of the requests up to date themselves)."""
+        assert self.worker is not None
+        return self.worker.take_output()
+
     @abstractmethod
     def shutdown(self) -> None:
         """Stops every worker; safe to call more than once."""

@@ -21,17 +21,26 @@ class CachedRequestState:
     seed: int
     block_ids: list[int]
     num_computed_tokens: int
+    # Tokens sampled by steps whose results have not reached the host yet (not in token_ids).
+    num_pending: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
     @property
+    def num_tokens(self) -> int:
+        """Every token the request has, pending ones included."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - len(self.prompt_token_ids)
+        """Every token sampled so far, pending ones included."""
+        return self.num_tokens - len(self.prompt_token_ids)
 
     @property
     def output_token_ids(self) -> list[int]:
+        """The sampled tokens on the host (without pending ones)."""
         return self.token_ids[len(self.prompt_token_ids):]
 
 
@@ -67,7 +76,7 @@ class InputBatch:
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             state = self.requests[rid]
             start = state.num_computed_tokens
-            scheduled.append(ScheduledState(state, start, n, start + n == len(state.token_ids)))
+            scheduled.append(ScheduledState(state, start, n, start + n == state.num_tokens))
             state.num_computed_tokens = start + n
         return scheduled
 
@@ -107,6 +116,8 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
 
     output_counts = prompt_mask = None
     if use_penalties:
+        if any(s.num_pending for s in states):
+            raise RuntimeError("penalties need every sampled token on the host: the engine must not overlap them")
         output_counts = _token_table([s.output_token_ids for s in states], vocab_size, torch.float32, device)
     if use_repetition:
         prompt_mask = _token_table([s.prompt_token_ids for s in states], vocab_size, torch.bool, device)

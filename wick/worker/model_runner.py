@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -20,7 +21,7 @@ from wick.layers.sampler import LogprobsTensors, Sampler, compute_prompt_logprob
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
 from wick.worker.cuda_graph import DecodeGraphs
-from wick.worker.input_batch import InputBatch, ScheduledState, build_sampling_metadata
+from wick.worker.input_batch import CachedRequestState, InputBatch, ScheduledState, build_sampling_metadata
 
 logger = logging.getLogger(__name__)
 
@@ -34,10 +35,25 @@ class _ForwardResult:
     prompt_logprobs: dict[str, LogprobsTensors]
 
 
+@dataclass
+class _PendingStep:
+    """A launched step: its sampled tokens on the device (the next step's inputs) and on their way to
+    the host, readable once `done` has passed."""
+
+    states: list[CachedRequestState] = field(default_factory=list)
+    row_of: dict[str, int] = field(default_factory=dict)
+    sampled: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    logprobs: LogprobsTensors | None = None
+    prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
+    done: torch.cuda.Event | None = None
+
+
 class ModelRunner:
     """Keeps the worker's copy of the running requests (updated from the step contract), runs the
-    model and samples. A step is two calls: execute_model launches the forward and the LM head;
-    sample_tokens takes the grammar masks the engine core filled meanwhile and samples."""
+    model and samples. A step is execute_model (the forward and the LM head), then launch_sampling (with
+    the grammar masks the engine core filled meanwhile), then take_output once the step is done;
+    sample_tokens does the last two and waits."""
 
     def __init__(self, config: EngineConfig, show_progress: bool = True) -> None:
         self.config = config
@@ -49,6 +65,7 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
         self.input_batch = InputBatch()
         self._forward: _ForwardResult | None = None
+        self._pending: deque[_PendingStep] = deque()
         self.backend = get_attention_backend(config.args.attention_backend, self.device, config.kv_cache_dtype)
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
@@ -148,9 +165,14 @@ class ModelRunner:
                                           self.block_size, self.device)
         self.decode_graphs.capture()
 
+    @property
+    def num_pending_steps(self) -> int:
+        return len(self._pending)
+
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
-        """Applies the step contract and launches the forward (asynchronous on a GPU)."""
+        """Applies the step contract and launches the forward (asynchronous on a GPU). A token sampled
+        by the previous step and not yet on the host is read from that step's device tensor."""
         scheduled = self.input_batch.update(scheduler_output)
         self._forward = None
         if not scheduled:
@@ -160,10 +182,16 @@ class ModelRunner:
         slots: list[int] = []
         query_start = [0]
         seq_lens: list[int] = []
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
         bs = self.block_size
         for item in scheduled:
             state, start, n = item.state, item.start, item.num_new_tokens
             input_ids.extend(state.token_ids[start:start + n])
+            if start + n > len(state.token_ids):  # the last input is the previous step's sample
+                gather_dst.append(len(input_ids))
+                gather_src.append(self._pending[-1].row_of[state.req_id])
+                input_ids.append(0)
             positions.extend(range(start, start + n))
             slots.extend(state.block_ids[p // bs] * bs + p % bs for p in range(start, start + n))
             query_start.append(query_start[-1] + n)
@@ -172,6 +200,11 @@ class ModelRunner:
         tables = [item.state.block_ids + [0] * (max_blocks - len(item.state.block_ids)) for item in scheduled]
 
         to_device = self._to_device
+        input_ids_t = to_device(input_ids, torch.long)
+        if gather_dst:
+            previous = self._pending[-1].sampled
+            assert previous is not None
+            input_ids_t[to_device(gather_dst, torch.long)] = previous[to_device(gather_src, torch.long)]
         metadata = AttentionMetadata(
             slot_mapping=to_device(slots, torch.long),
             query_start_loc=to_device(query_start, torch.int32),
@@ -182,11 +215,11 @@ class ModelRunner:
             block_tables_cpu=tables)
         graphs = self.decode_graphs
         if graphs is not None and metadata.max_query_len == 1 and len(scheduled) <= graphs.max_batch_size:
-            hidden = graphs.run(to_device(input_ids, torch.long), to_device(positions, torch.long), metadata)
+            hidden = graphs.run(input_ids_t, to_device(positions, torch.long), metadata)
         else:
             self.backend.prepare(metadata)
             with set_forward_context(metadata, self.backend):
-                hidden = self.model(to_device(input_ids, torch.long), to_device(positions, torch.long))
+                hidden = self.model(input_ids_t, to_device(positions, torch.long))
 
         samplers = [item for item in scheduled if item.samples]
         logits = None
@@ -202,30 +235,59 @@ class ModelRunner:
         self._forward = _ForwardResult(samplers, logits, prompt_logprobs)
 
     @torch.inference_mode()
-    def sample_tokens(self, grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:
-        """Samples the step launched by execute_model; every tensor-parallel rank gets rank 0's tokens."""
+    def launch_sampling(self, grammar: GrammarBitmask | None = None) -> None:
+        """Samples the step launched by execute_model and starts copying the results to the host; every
+        tensor-parallel rank gets rank 0's tokens. take_output() collects them."""
         forward, self._forward = self._forward, None
+        step = _PendingStep()
+        if forward is not None:
+            states = [item.state for item in forward.samplers]
+            if states:
+                metadata = build_sampling_metadata(states, self.vocab_size, self.device, grammar)
+                result = self.sampler(forward.logits, metadata)
+                step.sampled = tp_broadcast(result.sampled_token_ids)
+                step.tokens = _to_host(step.sampled)
+                step.states = states
+                step.row_of = {state.req_id: row for row, state in enumerate(states)}
+                for state in states:
+                    state.num_pending += 1
+                if result.logprobs is not None:
+                    step.logprobs = _logprobs_to_host(result.logprobs)
+            step.prompt_logprobs = {rid: _logprobs_to_host(t) for rid, t in forward.prompt_logprobs.items()}
+        if self.device.type == "cuda":
+            step.done = torch.cuda.Event()
+            step.done.record()
+        self._pending.append(step)
+
+    def take_output(self) -> ModelRunnerOutput:
+        """Waits for the oldest launched step and returns its output; its tokens join the requests."""
+        step = self._pending.popleft()
+        if step.done is not None:
+            step.done.synchronize()
         output = ModelRunnerOutput()
-        if forward is None:
-            return output
-        states = [item.state for item in forward.samplers]
-        if states:
-            metadata = build_sampling_metadata(states, self.vocab_size, self.device, grammar)
-            result = self.sampler(forward.logits, metadata)
-            token_ids = tp_broadcast(result.sampled_token_ids).tolist()
-            for state, token in zip(states, token_ids, strict=True):
+        if step.tokens is not None:
+            token_ids = step.tokens.tolist()
+            for state, token in zip(step.states, token_ids, strict=True):
                 state.token_ids.append(token)
-            output.req_ids = [state.req_id for state in states]
+                state.num_pending -= 1
+            output.req_ids = [state.req_id for state in step.states]
             output.sampled_token_ids = token_ids
-            if result.logprobs is not None:
-                per_row = _rows(result.logprobs)
-                for row, state in enumerate(states):
+            if step.logprobs is not None:
+                per_row = _rows(step.logprobs)
+                for row, state in enumerate(step.states):
                     k = state.sampling_params.logprobs
                     if k is not None:
                         ids, lps, rank = per_row[row]
                         output.logprobs[state.req_id] = (ids[: k + 1], lps[: k + 1], rank)
-        output.prompt_logprobs = {rid: _rows(t) for rid, t in forward.prompt_logprobs.items()}
+        output.prompt_logprobs = {rid: _rows(t) for rid, t in step.prompt_logprobs.items()}
         return output
+
+    def sample_tokens(self, grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:
+        """Samples the step launched by execute_model and waits for it (and any step before it)."""
+        self.launch_sampling(grammar)
+        while len(self._pending) > 1:
+            self.take_output()
+        return self.take_output()
 
     def _prompt_logprobs(self, item: ScheduledState, hidden: torch.Tensor, offset: int) -> LogprobsTensors | None:
         """Logprobs of the prompt tokens that positions start .. of this chunk predict (1 .. P-1 in all)."""
@@ -243,6 +305,17 @@ class ModelRunner:
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         tensor = torch.tensor(values, dtype=dtype, pin_memory=self.device.type == "cuda")
         return tensor.to(self.device, non_blocking=True)
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """Starts copying a device tensor to the host; read it after the step's event."""
+    if t.device.type == "cpu":
+        return t
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
+
+
+def _logprobs_to_host(t: LogprobsTensors) -> LogprobsTensors:
+    return LogprobsTensors(_to_host(t.token_ids), _to_host(t.logprobs), _to_host(t.ranks))
 
 
 def _rows(t: LogprobsTensors) -> list[TokenLogprobs]:

@@ -60,6 +60,17 @@ class Worker:
         self.runner.execute_model(scheduler_output)
         return self.runner.sample_tokens(None)
 
+    def execute_and_sample_async(self, scheduler_output: SchedulerOutput) -> None:
+        self.runner.execute_model(scheduler_output)
+        self.runner.launch_sampling()
+        if self.rank != 0:
+            # Nobody takes this rank's outputs: it settles its own steps, all but the one just launched.
+            while self.runner.num_pending_steps > 1:
+                self.runner.take_output()
+
+    def take_output(self) -> ModelRunnerOutput:
+        return self.runner.take_output()
+
     def shutdown(self) -> None:
         if self.world_size > 1:
             destroy_distributed()

@@ -111,6 +111,7 @@ class _Variant:
         self._decode: flashinfer.BatchDecodeWithPagedKVCacheWrapper | None = None
         self._graph_decode: dict[int, flashinfer.BatchDecodeWithPagedKVCacheWrapper] = {}
         self._planned_for: AttentionMetadata | None = None
+        self._plan_copied: torch.cuda.Event | None = None
         self._wrapper: (flashinfer.BatchPrefillWithPagedKVCacheWrapper
                         | flashinfer.BatchDecodeWithPagedKVCacheWrapper | None) = None
 
@@ -150,6 +151,10 @@ class _Variant:
         if shape.q_dtype not in (torch.float16, torch.bfloat16):
             raise ValueError(f"the flashinfer backend needs float16 or bfloat16, not {shape.q_dtype}; "
                              "choose the triton or torch attention backend")
+        # A plan copies its tables from pinned host buffers without waiting; with overlapped scheduling the
+        # next plan comes while the step runs, so it waits until the previous copy has left those buffers.
+        if self._plan_copied is not None:
+            self._plan_copied.synchronize()
         layout = _PageLayout.of(metadata, shape.page_size)
         heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.page_size)
         options = dict(q_data_type=shape.q_dtype, kv_data_type=shape.kv_dtype, sm_scale=shape.scale,
@@ -166,6 +171,8 @@ class _Variant:
             self._wrapper = decode
         self._shape = shape
         self._planned_for = metadata
+        self._plan_copied = torch.cuda.Event()
+        self._plan_copied.record()
 
     def _eager_decode(self) -> flashinfer.BatchDecodeWithPagedKVCacheWrapper:
         if self._decode is None:
