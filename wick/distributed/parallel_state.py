@@ -10,6 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from wick.distributed.symm_all_reduce import init_symm_all_reduce
+
 # A worker waits in the control group for the next step for as long as the server stays idle.
 _CONTROL_TIMEOUT = timedelta(days=365)
 _control_group: dist.ProcessGroup | None = None
@@ -31,6 +33,8 @@ def init_distributed(rank: int, world_size: int, ranks_per_node: int, init_metho
     if world_size > ranks_per_node:  # every rank creates every group, members or not
         _remote_group = dist.new_group([0, *range(ranks_per_node, world_size)], backend="gloo",
                                        timeout=_CONTROL_TIMEOUT)
+    if backend == "nccl":
+        init_symm_all_reduce(dist.group.WORLD, _control_group, device)
 
 
 def control_group() -> dist.ProcessGroup:
