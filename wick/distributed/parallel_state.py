@@ -33,7 +33,7 @@ def init_distributed(rank: int, world_size: int, ranks_per_node: int, init_metho
     if world_size > ranks_per_node:  # every rank creates every group, members or not
         _remote_group = dist.new_group([0, *range(ranks_per_node, world_size)], backend="gloo",
                                        timeout=_CONTROL_TIMEOUT)
-    if backend == "nccl":
+    if backend == "nccl" and world_size == ranks_per_node:  # peer memory needs every GPU on one machine
         init_symm_all_reduce(dist.group.WORLD, _control_group, device)
 
 

@@ -5,10 +5,12 @@ Every rank of the group maps every other rank's copy of one buffer. The one kern
 (`symm_mem::one_shot_all_reduce_copy_out`) copies this rank's tensor into its buffer, meets the other
 ranks at a barrier of signal flags, then sums all ranks' buffers, read over NVLink, into the tensor:
 one launch and two barriers, where NCCL takes several steps. Every rank reads the others' whole
-tensors, so it pays off below a size that shrinks as the group grows (_MAX_BYTES, after vLLM's
-one-shot limits); larger tensors, other dtypes than bf16 (the kernel takes bf16 and fp32; the buffer
-is bf16, as models on GPUs are) and tensors the kernel cannot take go to NCCL. The kernel is captured
-in CUDA graphs like any other. NVLink multicast (multimem) is not used.
+tensors, so it pays off below a size that shrinks as the group grows (_MAX_BYTES: 512 KiB for 4 ranks
+and 256 KiB for more, where vLLM's custom all-reduce leaves its one-shot kernel; 1 MiB for 2, the top of
+the sizes benchmarks/kernels/bench_all_reduce.py times); larger tensors, other dtypes than bf16 (the
+kernel takes bf16 and fp32; the buffer is bf16, as models on GPUs are) and tensors the kernel cannot
+take go to NCCL. The kernel is captured in CUDA graphs like any other. NVLink multicast (multimem) is
+not used.
 
 Set WICK_SYMM_ALL_REDUCE=0 to use NCCL for every size.
 """
@@ -73,8 +75,10 @@ def init_symm_all_reduce(group: dist.ProcessGroup, control: dist.ProcessGroup, d
         _instance = reducer
         logger.info("one-shot all-reduce over symmetric memory for tensors up to %d KiB, NCCL above",
                     max_bytes >> 10)
+    elif reason == "WICK_SYMM_ALL_REDUCE=0":
+        logger.info("all-reduce over NCCL at every size: %s", reason)
     else:
-        logger.info("all-reduce over NCCL at every size: %s", reason or "another rank has no symmetric memory")
+        logger.warning("all-reduce over NCCL at every size: %s", reason or "another rank has no symmetric memory")
 
 
 def symm_all_reduce() -> SymmAllReduce | None:
