@@ -23,13 +23,13 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 latency=(python -m benchmarks.latency --attention-backend triton --output-len 512)
-step gpu_tests 120 python -m pytest -q -m gpu tests/distributed/test_symm_all_reduce_gpu.py \
+step gpu_tests 150 python -m pytest -q -m gpu tests/distributed/test_symm_all_reduce_gpu.py \
     tests/executor/test_multiproc_gpu.py
-step bench_all_reduce 45 python -m benchmarks.kernels.bench_all_reduce
-step latency_llama8b_tp1 70 "${latency[@]}" --model llama-3.1-8b -tp 1
-step latency_llama8b_tp2 70 "${latency[@]}" --model llama-3.1-8b -tp 2
+step bench_all_reduce 40 python -m benchmarks.kernels.bench_all_reduce
+step latency_llama8b_tp1 65 "${latency[@]}" --model llama-3.1-8b -tp 1
+step latency_llama8b_tp2 65 "${latency[@]}" --model llama-3.1-8b -tp 2
 step latency_qwen32b_tp2 90 "${latency[@]}" --model qwen2.5-32b -tp 2
-step step_breakdown_tp2 55 python -m benchmarks.step_breakdown --attention-backend triton -tp 2
-step step_broadcast 25 python -m benchmarks.step_broadcast --iterations 1000
-step latency_llama8b_tp2_nccl 60 env WICK_SYMM_ALL_REDUCE=0 "${latency[@]}" --model llama-3.1-8b -tp 2
+step step_breakdown_tp2 50 python -m benchmarks.step_breakdown --attention-backend triton -tp 2
+step step_broadcast 20 python -m benchmarks.step_broadcast --iterations 1000
+step latency_llama8b_tp2_nccl 55 env WICK_SYMM_ALL_REDUCE=0 "${latency[@]}" --model llama-3.1-8b -tp 2
 echo "=== done in $((SECONDS - start)) s"
