@@ -10,7 +10,7 @@ and 256 KiB for more, where vLLM's custom all-reduce leaves its one-shot kernel;
 the sizes benchmarks/kernels/bench_all_reduce.py times); larger tensors, other dtypes than bf16 (the
 kernel takes bf16 and fp32; the buffer is bf16, as models on GPUs are) and tensors the kernel cannot
 take go to NCCL. The kernel is captured in CUDA graphs like any other. NVLink multicast (multimem) is
-not used.
+not used, so torch is told not to set it up (TORCH_SYMM_MEM_DISABLE_MULTICAST, unless already set).
 
 Set WICK_SYMM_ALL_REDUCE=0 to use NCCL for every size.
 """
@@ -35,6 +35,7 @@ class SymmAllReduce:
     """The buffer of one group and the choice of the tensors it reduces."""
 
     def __init__(self, group: dist.ProcessGroup, device: torch.device, max_bytes: int) -> None:
+        os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
         self.group_name = group.group_name
