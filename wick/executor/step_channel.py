@@ -21,11 +21,15 @@ class StepChannel:
         self.rank = rank
         local = parallel.ranks_per_node
         self.ring = ShmBroadcast.create(local - 1) if rank == 0 and local > 1 else None
-        handle = [None if self.ring is None else self.ring.handle]
-        dist.broadcast_object_list(handle, src=0, group=control_group())
-        if 0 < rank < local:
-            self.ring = ShmBroadcast.attach(handle[0], rank - 1)
-        dist.barrier(group=control_group())
+        try:
+            handle = [None if self.ring is None else self.ring.handle]
+            dist.broadcast_object_list(handle, src=0, group=control_group())
+            if 0 < rank < local:
+                self.ring = ShmBroadcast.attach(handle[0], rank - 1)
+            dist.barrier(group=control_group())
+        except BaseException:
+            self.close()  # the writer's close removes the ring's file
+            raise
         if rank == 0 and self.ring is not None:
             self.ring.unlink()  # every reader has it mapped
         self.remote = remote_group() if rank == 0 or rank >= local else None
