@@ -1,5 +1,5 @@
-"""Where one decode step's time goes on rank 0 at batch 1: the broadcast of the step to the other
-ranks (tensor parallelism), the model runner's host work up to the graph launch (execute), and the
+"""Where one decode step's time goes on rank 0 at batch 1: sending the step to the other ranks (tensor
+parallelism: the step channel), the model runner's host work up to the graph launch (execute), and the
 sampling that waits for the GPU (sample). Wraps the calls with timers; prints means per step."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 
 from benchmarks.common import print_environment
 from wick import LLM, SamplingParams
+from wick.executor.step_channel import StepChannel
 from wick.worker.worker import Worker
 
 _times: dict[str, list[float]] = defaultdict(list)
@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     args = parser.parse_args()
     print_environment()
-    dist.broadcast_object_list = _timed(dist.broadcast_object_list, "broadcast of the step")
+    StepChannel.send = _timed(StepChannel.send, "sending the step to the other ranks")
     Worker.execute_and_sample = _timed(Worker.execute_and_sample, "whole step on rank 0")
     llm = LLM(args.model, load_format="dummy", max_model_len=1024, max_num_seqs=16,
               attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,

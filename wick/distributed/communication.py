@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from wick.distributed.symm_all_reduce import symm_all_reduce
+
 
 def tp_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -15,7 +17,11 @@ def tp_rank() -> int:
 
 
 def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """The sum of `x` over the ranks (in place): one-shot over peer memory when small, else NCCL or gloo."""
     if tp_world_size() > 1:
+        one_shot = symm_all_reduce()
+        if one_shot is not None and one_shot.can_reduce(x):
+            return one_shot(x)
         dist.all_reduce(x)
     return x
 

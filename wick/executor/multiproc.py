@@ -1,10 +1,11 @@
 """Tensor parallelism: rank 0 in the engine core's process, the node's other ranks in processes of
 their own (other nodes start theirs with `wick serve --node-rank R`, torchrun starts every rank).
 
-Each call is broadcast over the gloo control group; the workers run it in the same order as rank 0,
-and their collectives (NCCL on GPUs) meet inside the model. A local worker that dies takes the
-engine core with it: the process exits, so that the server answers 503 and stops, as for any
-crashed core; the other workers see the control group break and exit too.
+Each call goes to the workers through the step channel (shared memory on rank 0's node, gloo to other
+nodes); the workers run it in the same order as rank 0, and their collectives (NCCL on GPUs) meet
+inside the model. A local worker that dies takes the engine core with it: the process exits, so that
+the server answers 503 and stops, as for any crashed core; the other workers see rank 0 gone (its
+process, or their gloo connection to it) and exit too.
 """
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ import subprocess
 import threading
 from typing import Any
 
-import torch.distributed as dist
-
 from wick.config import EngineConfig
-from wick.distributed.parallel_state import control_group
 from wick.executor.base import Executor
+from wick.executor.step_channel import StepChannel
 from wick.executor.worker_process import SHUTDOWN, start_worker_processes, stop_processes
 from wick.worker.worker import Worker
 
@@ -38,26 +37,30 @@ class MultiprocExecutor(Executor):
                 threading.Thread(target=self._watch, args=(process,), name="wick-rank-watch", daemon=True).start()
             atexit.register(self.shutdown)
         self.worker: Worker | None = None
+        self.channel: StepChannel | None = None
         try:
             self.worker = Worker(config, 0, 0, parallel.init_method)
+            self.channel = StepChannel(0, parallel)
         except BaseException:
             self.shutdown()
             raise
         logger.info("tensor parallelism over %d ranks on %d node(s)", parallel.tensor_parallel_size, parallel.nnodes)
 
     def collective_rpc(self, method: str, *args: Any) -> Any:
-        dist.broadcast_object_list([(method, args)], src=0, group=control_group())
+        self.channel.send((method, args))
         return getattr(self.worker, method)(*args)
 
     def shutdown(self) -> None:
         if self._closing.is_set():
             return
         self._closing.set()
-        if self.worker is not None:
+        if self.channel is not None:
             try:
-                dist.broadcast_object_list([(SHUTDOWN, ())], src=0, group=control_group())
+                self.channel.send((SHUTDOWN, ()))
             except RuntimeError as e:
                 logger.warning("could not tell the workers to stop: %s", e)
+            self.channel.close()
+        if self.worker is not None:
             self.worker.shutdown()
         stop_processes(self.processes)
 

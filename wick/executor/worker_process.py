@@ -1,8 +1,8 @@
-"""Worker processes: one tensor-parallel rank each, driven by rank 0 over the control group.
+"""Worker processes: one tensor-parallel rank each, driven by rank 0 through the step channel.
 
 A worker is started as `python -m wick.executor.worker_process` with its config and rank pickled on
-stdin. It exits when rank 0 says so, when rank 0 goes away (the control group's connection breaks),
-or when the process that started it dies.
+stdin. It exits when rank 0 says so, when rank 0 goes away (its process is gone, or the gloo
+connection to another node breaks), or when the process that started it dies.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from wick.config import EngineConfig
-from wick.distributed.parallel_state import control_group
+from wick.executor.step_channel import StepChannel
 from wick.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -54,15 +53,17 @@ def start_worker_processes(config: EngineConfig, ranks: list[tuple[int, int]]) -
 def run_worker(config: EngineConfig, rank: int, local_rank: int) -> None:
     """Serves rank 0's calls until it sends SHUTDOWN; raises when rank 0 goes away."""
     worker = Worker(config, rank, local_rank, config.parallel.init_method)
+    channel = None
     try:
+        channel = StepChannel(rank, config.parallel)
         while True:
-            message: list = [None]
-            dist.broadcast_object_list(message, src=0, group=control_group())
-            method, args = message[0]
+            method, args = channel.recv()
             if method == SHUTDOWN:
                 return
             getattr(worker, method)(*args)
     finally:
+        if channel is not None:
+            channel.close()
         worker.shutdown()
 
 

@@ -31,7 +31,7 @@ class Worker:
         if self.world_size > 1:
             if init_method is None:
                 raise ValueError("a tensor-parallel worker needs the address of its process group")
-            init_distributed(rank, self.world_size, init_method, "nccl" if device.type == "cuda" else "gloo")
+            init_distributed(rank, self.world_size, config.parallel.ranks_per_node, init_method, device)
         self.runner = ModelRunner(config, show_progress=rank == 0)
 
     def determine_num_blocks(self) -> int:
