@@ -30,14 +30,21 @@ def completion_body(prompt: list[int], output_len: int, temperature: float, seed
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
 
 
+def send_times(num_requests: int, load: Load) -> list[float]:
+    """Seconds after the start at which each request is sent: the first at once, then exponential gaps of mean
+    1 / request_rate (a Poisson process); all at once when the rate is inf."""
+    if math.isinf(load.request_rate):
+        return [0.0] * num_requests
+    gaps = np.random.default_rng(load.seed).exponential(1 / load.request_rate, num_requests)
+    gaps[0] = 0.0
+    return np.cumsum(gaps).tolist()
+
+
 async def run_load(base_url: str, prompts: list[list[int]], output_lens: list[int], temperature: float, load: Load,
                    api_key: str | None = None) -> tuple[list[RequestResult], float]:
     """Sends every prompt (request i samples with seed i, as benchmarks/throughput.py does); returns the results
     in prompt order and the seconds from the first request sent to the last answer received."""
-    rng = np.random.default_rng(load.seed)
-    gaps = (np.zeros(len(prompts)) if math.isinf(load.request_rate)
-            else rng.exponential(1 / load.request_rate, len(prompts)))
-    send_at = np.cumsum(gaps) - gaps[0]
+    send_at = send_times(len(prompts), load)
     gate = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
