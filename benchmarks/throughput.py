@@ -1,11 +1,14 @@
 """Offline throughput: 256 requests, prompt and output lengths uniform in [100, 1024], random token ids,
 seed 0, EOS ignored; output tokens per second. `--compare-hf` runs HF transformers' generate_batch on the
-same GPU in the same run."""
+same GPU in the same run; `--json PATH` writes the figures (benchmarks/serve.py reads them). On a machine
+without CUDA it runs on the CPU and skips the roofline."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -59,7 +62,7 @@ def run_hf(model_name: str, prompts: list[list[int]], output_lens: list[int]) ->
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
     """The model, workload and engine flags the throughput benchmarks share."""
     parser.add_argument("--model", default="qwen3-0.6b")
-    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--num-requests", "--num-prompts", type=int, default=256)
     parser.add_argument("--min-len", type=int, default=100)
     parser.add_argument("--max-len", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
@@ -77,6 +80,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args()
     print_environment()
 
@@ -88,23 +92,32 @@ def main() -> None:
     prompts, output_lens = workload(args.num_requests, args.min_len, args.max_len, vocab, args.seed)
     params = [SamplingParams(temperature=args.temperature, max_tokens=o, ignore_eos=True, seed=i)
               for i, o in enumerate(output_lens)]
-    llm.generate(prompts[:8], [SamplingParams(max_tokens=16, ignore_eos=True)] * 8)  # warm-up
+    warmup = prompts[:8]
+    llm.generate(warmup, [SamplingParams(max_tokens=16, ignore_eos=True)] * len(warmup))
 
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    sync()
     start = time.perf_counter()
     outputs = llm.generate(prompts, params)
-    torch.cuda.synchronize()
+    sync()
     elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert generated == sum(output_lens)
     throughput = generated / elapsed
-    bandwidth = copy_bandwidth()
-    bound = roofline_seconds(llm, prompts, output_lens, bandwidth)
     print(f"wick (TP={args.tensor_parallel_size}): {args.num_requests} requests, {generated} output tokens "
           f"in {elapsed:.2f} s = "
           f"{throughput:,.0f} output tokens/s")
-    print(f"roofline: copy bandwidth {bandwidth / 1e12:.2f} TB/s, bytes that must move -> {bound:.2f} s = "
-          f"{generated / bound:,.0f} tokens/s; reached {bound / elapsed:.0%}")
+    if args.json is not None:
+        input_tokens = sum(len(p) for p in prompts)
+        args.json.write_text(json.dumps({
+            "requests": args.num_requests, "input_tokens": input_tokens, "output_tokens": generated,
+            "duration_s": elapsed, "output_throughput": throughput,
+            "total_token_throughput": (input_tokens + generated) / elapsed}))
+    if torch.cuda.is_available():
+        bandwidth = copy_bandwidth()
+        bound = roofline_seconds(llm, prompts, output_lens, bandwidth)
+        print(f"roofline: copy bandwidth {bandwidth / 1e12:.2f} TB/s, bytes that must move -> {bound:.2f} s = "
+              f"{generated / bound:,.0f} tokens/s; reached {bound / elapsed:.0%}")
     if args.compare_hf:
         del llm
         torch.cuda.empty_cache()
