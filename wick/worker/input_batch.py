@@ -9,6 +9,7 @@ import torch
 
 from wick.core.sched_output import GrammarBitmask, SchedulerOutput
 from wick.layers.sampler import SamplingMetadata
+from wick.pooling_params import PoolingParams
 from wick.sampling_params import SamplingParams
 
 
@@ -21,6 +22,7 @@ class CachedRequestState:
     seed: int
     block_ids: list[int]
     num_computed_tokens: int
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -43,6 +45,7 @@ class ScheduledState:
     start: int
     num_new_tokens: int
     samples: bool  # the step reaches the request's last token, so a new one is sampled
+    pools: bool = False  # an embedding request whose prompt this step completes: its hidden states are pooled
 
 
 class InputBatch:
@@ -58,7 +61,7 @@ class InputBatch:
         for new in scheduler_output.scheduled_new_reqs:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.prompt_token_ids), list(new.prompt_token_ids) + list(new.output_token_ids),
-                new.sampling_params, new.seed, list(new.block_ids), new.num_computed_tokens)
+                new.sampling_params, new.seed, list(new.block_ids), new.num_computed_tokens, new.pooling_params)
         for cached in scheduler_output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
@@ -67,7 +70,8 @@ class InputBatch:
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             state = self.requests[rid]
             start = state.num_computed_tokens
-            scheduled.append(ScheduledState(state, start, n, start + n == len(state.token_ids)))
+            done, pooling = start + n == len(state.token_ids), state.pooling_params is not None
+            scheduled.append(ScheduledState(state, start, n, done and not pooling, done and pooling))
             state.num_computed_tokens = start + n
         return scheduled
 

@@ -21,6 +21,7 @@ from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
 from wick.worker.cuda_graph import DecodeGraphs
 from wick.worker.input_batch import InputBatch, ScheduledState, build_sampling_metadata
+from wick.worker.pooling import PooledBatch, pool_scheduled, run_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class _ForwardResult:
     samplers: list[ScheduledState]
     logits: torch.Tensor | None
     prompt_logprobs: dict[str, LogprobsTensors]
+    pooled: PooledBatch | None = None
 
 
 class ModelRunner:
@@ -57,7 +59,7 @@ class ModelRunner:
 
     def _load_model(self) -> nn.Module:
         cfg = self.config
-        model_cls = get_model_class(list(getattr(cfg.hf_config, "architectures", None) or []))
+        model_cls = get_model_class(list(getattr(cfg.hf_config, "architectures", None) or []), cfg.task)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(cfg.dtype)
         try:
@@ -79,6 +81,9 @@ class ModelRunner:
         if args.num_kv_blocks:
             return args.num_kv_blocks
         full_len = -(-self.config.max_model_len // self.block_size)
+        if not self.attention_layers:
+            # An encoder keeps no KV cache: its blocks are the scheduler's bookkeeping only and cost nothing.
+            return full_len * self.config.max_num_seqs
         if args.kv_cache_memory:
             num_blocks = args.kv_cache_memory // self.kv_bytes_per_block()
         elif self.device.type == "cuda":
@@ -123,7 +128,8 @@ class ModelRunner:
         self.backend.prepare(metadata)
         with torch.inference_mode(), set_forward_context(metadata, self.backend):
             hidden = self.model(torch.zeros_like(positions), positions)
-            self.model.compute_logits(hidden[: self.config.max_num_seqs])
+            if self.config.pooler_config is None:
+                self.model.compute_logits(hidden[: self.config.max_num_seqs])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         cache_bytes = num_blocks * self.kv_bytes_per_block()
@@ -154,6 +160,11 @@ class ModelRunner:
         scheduled = self.input_batch.update(scheduler_output)
         self._forward = None
         if not scheduled:
+            return
+        pooler = self.config.pooler_config
+        if not self.attention_layers:  # an encoder: whole prompts, no KV cache, nothing sampled
+            hidden, query_start = run_encoder(self.model, self.backend, scheduled, self.device)
+            self._forward = _ForwardResult([], None, {}, pool_scheduled(pooler, hidden, scheduled, query_start))
             return
         input_ids: list[int] = []
         positions: list[int] = []
@@ -199,7 +210,8 @@ class ModelRunner:
             lps = self._prompt_logprobs(item, hidden, query_start[i])
             if lps is not None:
                 prompt_logprobs[item.state.req_id] = lps
-        self._forward = _ForwardResult(samplers, logits, prompt_logprobs)
+        pooled = pool_scheduled(pooler, hidden, scheduled, query_start) if pooler is not None else None
+        self._forward = _ForwardResult(samplers, logits, prompt_logprobs, pooled)
 
     @torch.inference_mode()
     def sample_tokens(self, grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:
@@ -225,6 +237,8 @@ class ModelRunner:
                         ids, lps, rank = per_row[row]
                         output.logprobs[state.req_id] = (ids[: k + 1], lps[: k + 1], rank)
         output.prompt_logprobs = {rid: _rows(t) for rid, t in forward.prompt_logprobs.items()}
+        if forward.pooled is not None:
+            output.pooler_output = forward.pooled.outputs()
         return output
 
     def _prompt_logprobs(self, item: ScheduledState, hidden: torch.Tensor, offset: int) -> LogprobsTensors | None:
