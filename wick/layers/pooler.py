@@ -51,12 +51,13 @@ def pool(hidden: torch.Tensor, starts: list[int], ends: list[int], pooling_type:
         return hidden[torch.tensor(starts, device=device)].float()
     if pooling_type is PoolingType.LAST:
         return hidden[torch.tensor(ends, device=device) - 1].float()
-    lengths = [end - start for start, end in zip(starts, ends, strict=True)]
-    rows = torch.cat([torch.arange(start, end) for start, end in zip(starts, ends, strict=True)]).to(device)
-    segment = torch.repeat_interleave(torch.arange(len(starts)), torch.tensor(lengths)).to(device)
+    first, lengths = torch.tensor(starts), torch.tensor(ends) - torch.tensor(starts)
+    segment = torch.repeat_interleave(torch.arange(len(starts)), lengths)  # the span of each pooled row
+    # row j of the pooled rows is hidden row starts[s] + (j - where span s begins among the pooled rows)
+    rows = torch.arange(len(segment)) + (first - (lengths.cumsum(0) - lengths))[segment]
     sums = torch.zeros(len(starts), hidden.shape[-1], dtype=torch.float32, device=device)
-    sums.index_add_(0, segment, hidden[rows].float())
-    return sums / torch.tensor(lengths, dtype=torch.float32, device=device)[:, None]
+    sums.index_add_(0, segment.to(device, non_blocking=True), hidden[rows.to(device, non_blocking=True)].float())
+    return sums / lengths.to(device=device, dtype=torch.float32)[:, None]
 
 
 def finish(vectors: torch.Tensor, params: list[PoolingParams], normalize: bool) -> list[list[float]]:
