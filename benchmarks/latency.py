@@ -46,12 +46,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args()
     print_environment()
 
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 16,
               max_num_seqs=16, attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling)
     vocab = llm.config.hf_config.vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, args.input_len).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)

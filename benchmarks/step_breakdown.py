@@ -36,24 +36,32 @@ def main() -> None:
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args()
     print_environment()
     StepChannel.send = _timed(StepChannel.send, "sending the step to the other ranks")
     Worker.execute_and_sample = _timed(Worker.execute_and_sample, "whole step on rank 0")
-    llm = LLM(args.model, load_format="dummy", max_model_len=1024, max_num_seqs=16,
+    llm = LLM(args.model, load_format="dummy", max_model_len=1024, max_num_seqs=max(16, args.batch_size),
               attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size)
-    runner = llm.core.executor.worker.runner
+              tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling)
+    core, runner = llm.core, llm.core.executor.worker.runner
+    core.step = _timed(core.step, "whole engine step")
+    core.scheduler.schedule = _timed(core.scheduler.schedule, "schedule")
+    core.scheduler.update_from_output = _timed(core.scheduler.update_from_output, "update from output")
+    llm.output_processor.process_outputs = _timed(llm.output_processor.process_outputs, "detokenize")
     runner.execute_model = _timed(runner.execute_model, "execute (host work, forward launched)")
-    runner.sample_tokens = _timed(runner.sample_tokens, "sample (waits for the GPU)")
-    prompt = list(range(1000, 1128))
-    llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))
+    runner.launch_sampling = _timed(runner.launch_sampling, "launch sampling")
+    runner.take_output = _timed(runner.take_output, "take output (waits for the GPU)")
+    prompts = [list(range(1000 + i, 1128 + i)) for i in range(args.batch_size)]
+    llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     _times.clear()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    llm.generate([prompt], SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0))
+    llm.generate(prompts, SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0))
     elapsed = time.perf_counter() - start
-    print(f"TP={args.tensor_parallel_size}: {args.output_len / elapsed:,.0f} tokens/s, "
+    print(f"TP={args.tensor_parallel_size}, batch {args.batch_size}, overlap {core.config.async_scheduling}: "
+          f"{args.batch_size * args.output_len / elapsed:,.0f} tokens/s, "
           f"{elapsed / args.output_len * 1e3:.2f} ms per step")
     for key, values in _times.items():
         print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step ({len(values)} calls)")

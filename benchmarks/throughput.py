@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args()
     print_environment()
@@ -87,7 +88,7 @@ def main() -> None:
     llm = LLM(args.model, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
               max_model_len=args.max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
               attention_backend=args.attention_backend, enforce_eager=args.enforce_eager, seed=args.seed,
-              tensor_parallel_size=args.tensor_parallel_size)
+              tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling)
     vocab = llm.config.hf_config.vocab_size
     prompts, output_lens = workload(args.num_requests, args.min_len, args.max_len, vocab, args.seed)
     params = [SamplingParams(temperature=args.temperature, max_tokens=o, ignore_eos=True, seed=i)

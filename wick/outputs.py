@@ -45,3 +45,22 @@ class RequestOutput:
     # None at the first position, as vLLM returns it: nothing predicts the first token.
     prompt_logprobs: list[PositionLogprobs | None] | None = None
     num_cached_tokens: int = 0
+
+
+@dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@dataclass
+class EmbeddingRequestOutput:
+    """What LLM.embed returns per prompt, as vLLM's: `.outputs.embedding`, `.prompt_token_ids`."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -107,3 +107,8 @@ def test_unknown_quantization_is_one_line(capsys: pytest.CaptureFixture[str]) ->
     assert main(["generate", "-p", "hello", "--isq", "q9k"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "unknown quantization 'q9k'" in err
+
+
+def test_task_flag() -> None:
+    assert engine_args_from(build_parser().parse_args(["serve", "--task", "embed"])).task == "embed"
+    assert engine_args_from(build_parser().parse_args(["serve"])).task == "auto"

@@ -42,3 +42,14 @@ def test_unknown_architecture_is_one_line_naming_it_and_the_supported() -> None:
     assert all(name in message for name in supported_architectures())
     with pytest.raises(ValueError, match="supported: "):
         get_model_class([])
+
+
+def test_embedding_architectures() -> None:
+    from wick.models.bert import BertModel
+
+    assert get_model_class(["BertModel"], "embed") is BertModel
+    with pytest.raises(ValueError, match="BertModel has no LM head"):
+        get_model_class(["BertModel"])
+    embedder = get_model_class(["Qwen3ForCausalLM"], "embed")
+    assert issubclass(embedder, Qwen3ForCausalLM) and embedder is get_model_class(["Qwen3Model"], "embed")
+    assert not embedder.supports_cuda_graph

@@ -7,7 +7,7 @@ import argparse
 import os
 from typing import Any
 
-from wick.config import EngineArgs
+from wick.config import TASKS, EngineArgs
 
 MIB = 1 << 20
 
@@ -23,6 +23,9 @@ def add_engine_flags(parser: argparse.ArgumentParser, positional_model: bool = F
                             "default: SmolLM2-135M-Instruct. --m (HF id) and --w (folder) are candle-vllm's names")
     model.add_argument("--f", dest="gguf_file", default=None, metavar="FILE",
                        help="a .gguf file (candle-vllm / vllm.rs); with --m, a file of that HF repo")
+    model.add_argument("--task", default="auto", choices=TASKS,
+                       help="embed: serve embeddings (/v1/embeddings) from the pooled hidden states; auto (default): "
+                            "embed for a sentence-transformers folder or an encoder such as BertModel, else generate")
     model.add_argument("--tokenizer", default=None)
     model.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
     model.add_argument("--dtype", default="auto")
@@ -116,7 +119,7 @@ def engine_args_from(args: argparse.Namespace) -> EngineArgs:
         trust_remote_code=args.trust_remote_code, download_dir=args.download_dir,
         generation_config=args.generation_config, override_generation_config=sampling_overrides(args),
         yarn_scaling_factor=args.yarn_scaling_factor, quantization=args.quantization,
-        kv_cache_dtype=args.kv_cache_dtype)
+        kv_cache_dtype=args.kv_cache_dtype, task=args.task)
 
 
 def model_from(args: argparse.Namespace) -> str | None:

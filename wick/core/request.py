@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from wick.pooling_params import PoolingParams
 from wick.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ class Request:
     """
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 seed: int, arrival_order: int = 0, prefill_leader: str | None = None) -> None:
+                 seed: int, arrival_order: int = 0, prefill_leader: str | None = None,
+                 pooling_params: PoolingParams | None = None) -> None:
         if not prompt_token_ids:
             raise ValueError("the prompt must contain at least one token")
         self.request_id = request_id
@@ -46,6 +48,8 @@ class Request:
         # Another request with the same prompt whose prefill we wait for, so that we find its
         # blocks in the prefix cache instead of computing them again (n > 1).
         self.prefill_leader = prefill_leader
+        # An embedding request: finishes once its prompt is computed, with its pooled hidden states.
+        self.pooling_params = pooling_params
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         # Tokens sampled by steps in flight that have not reached the scheduler yet: with overlapped

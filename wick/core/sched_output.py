@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wick.engine.protocol import TokenLogprobs
+from wick.pooling_params import PoolingParams
 from wick.sampling_params import SamplingParams
 
 
@@ -26,6 +27,7 @@ class NewRequestData:
     seed: int
     block_ids: list[int]
     num_computed_tokens: int  # tokens found in the prefix cache: this step starts after them
+    pooling_params: PoolingParams | None = None  # an embedding request: pooled, never sampled
 
 
 @dataclass
@@ -65,3 +67,5 @@ class ModelRunnerOutput:
     # Prompt logprobs of the positions computed this step, per request, from its first prompt
     # position in this step's chunk on (one entry per prompt token predicted).
     prompt_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
+    # The embeddings of the pooling requests whose prompt this step completed.
+    pooler_output: dict[str, list[float]] = field(default_factory=dict)

@@ -57,7 +57,8 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"a request with id {request.request_id!r} is already in the engine")
         num_prompt = request.num_prompt_tokens
-        if num_prompt >= self.max_model_len:
+        # A generation request needs room for one token after its prompt; an embedding request does not.
+        if num_prompt + (request.pooling_params is None) > self.max_model_len:
             raise ValueError(f"prompt has {num_prompt} tokens; the model's maximum context is "
                              f"{self.max_model_len} tokens")
         kv = self.kv_cache_manager
@@ -110,14 +111,15 @@ class Scheduler:
         if sent is None:
             output.scheduled_new_reqs.append(NewRequestData(
                 rid, request.prompt_token_ids, list(request.output_token_ids), request.sampling_params,
-                request.seed, list(request.block_ids), request.num_computed_tokens))
+                request.seed, list(request.block_ids), request.num_computed_tokens, request.pooling_params))
         else:
             output.scheduled_cached_reqs.append(
                 CachedRequestData(rid, request.block_ids[sent:], request.num_computed_tokens))
         self._num_blocks_sent[rid] = len(request.block_ids)
         output.num_scheduled_tokens[rid] = num_new
         request.num_computed_tokens += num_new
-        if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+        if (request.pooling_params is None
+                and request.num_computed_tokens == request.num_tokens + request.num_output_placeholders):
             request.num_output_placeholders += 1  # this step samples the request's next token
 
     def _admit_waiting(self, output: SchedulerOutput, budget: int) -> int:
@@ -170,8 +172,8 @@ class Scheduler:
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
                            runner_output: ModelRunnerOutput) -> list[Request]:
-        """Records a finished step: newly computed blocks, sampled tokens and stops.
-        Returns the requests that got a new token, finished ones included."""
+        """Records a finished step: newly computed blocks, sampled tokens and stops; pooled requests finish.
+        Returns the requests that got a new token, finished ones included (pooled ones are not among them)."""
         starts = {d.req_id: d.num_computed_tokens for d in scheduler_output.scheduled_new_reqs}
         starts.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_cached_reqs)
         sampled = dict(zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True))
@@ -184,6 +186,10 @@ class Scheduler:
             if request.status is RequestStatus.RUNNING:  # not preempted since (its blocks are gone then)
                 self.kv_cache_manager.cache_blocks(request, starts[rid] + num_new)
                 self.kv_cache_manager.free_out_of_window(request)
+            if rid in runner_output.pooler_output:
+                self._finish(request, RequestStatus.FINISHED_STOPPED)
+                any_finished = True
+                continue
             token = sampled.get(rid)
             if token is None:
                 continue

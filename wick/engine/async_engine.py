@@ -23,7 +23,9 @@ from wick.config import EngineArgs
 from wick.engine.core_client import CoreClient, CoreDied, CoreEvent, CoreOutputs, EngineDeadError, RequestError
 from wick.engine.output_processor import OutputProcessor, child_seed
 from wick.engine.protocol import EngineCoreRequest
-from wick.outputs import RequestOutput
+from wick.layers.pooler import PoolerConfig
+from wick.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from wick.pooling_params import PoolingParams
 from wick.sampling_defaults import SamplingDefaults
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
@@ -57,8 +59,8 @@ class _Stream:
     first_token: float | None = None
     num_generation_tokens: int = 0
 
-    def put(self, item: RequestOutput | BaseException | None) -> None:
-        """Thread-safe; None ends the stream without an error (an abort())."""
+    def put(self, item: RequestOutput | list[float] | BaseException | None) -> None:
+        """Thread-safe; None ends the stream without an error (an abort()); a list of floats is an embedding."""
         if _running_loop() is self.loop:
             self.queue.put_nowait(item)
             return
@@ -80,6 +82,8 @@ class AsyncEngine:
             source.tokenizer_path or source.path, gguf_file=source.gguf_file,
             trust_remote_code=engine_args.trust_remote_code)
         self.eos_token_ids: list[int] = eos_token_ids(self.tokenizer, config.hf_config)
+        # Set for an embedding model: it serves embed() only; None: generate() only.
+        self.pooler_config: PoolerConfig | None = config.pooler_config
         self.sampling_defaults = SamplingDefaults.resolve(source, engine_args.generation_config,
                                                           engine_args.override_generation_config)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -178,6 +182,37 @@ class AsyncEngine:
             if not finished:
                 self._abort(request_id)
 
+    async def embed(self, request_id: str, prompt_token_ids: list[int],
+                    params: PoolingParams) -> EmbeddingRequestOutput | None:
+        """The prompt's embedding, or None when abort() stopped the request. Raises ValueError at once for a
+        request that can never be served, EngineDeadError when the core is gone. Cancelling aborts it in the core."""
+        if self.pooler_config is None:
+            raise ValueError("this model generates text: it serves no embeddings")
+        self.pooler_config.check(params)
+        self._validate_tokens(prompt_token_ids, self.max_model_len, "length")
+        with self._lock:
+            if self.is_dead:
+                raise EngineDeadError(self.client.dead_reason)
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            stream = _Stream(asyncio.get_running_loop(), [request_id], len(prompt_token_ids))
+            self._streams[request_id] = stream
+            self._parent_of[request_id] = request_id
+        finished = False
+        try:
+            self.client.add_request(EngineCoreRequest(request_id, prompt_token_ids, SamplingParams(max_tokens=1),
+                                                      pooling_params=params))
+            item = await stream.queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            finished = True
+            if item is None:
+                return None
+            return EmbeddingRequestOutput(request_id, EmbeddingOutput(item), prompt_token_ids)
+        finally:
+            if not finished:
+                self._abort(request_id)
+
     async def abort(self, request_id: str) -> None:
         """Stops a request; its generate() iterator ends without a final output."""
         stream = self._abort(request_id)
@@ -200,21 +235,27 @@ class AsyncEngine:
 
     def _validate(self, token_ids: list[int], params: SamplingParams) -> None:
         num_tokens = len(token_ids)
-        if num_tokens == 0:
-            raise ValueError("the prompt must contain at least one token")
-        if num_tokens >= self.max_model_len:
-            raise ValueError(f"prompt has {num_tokens} tokens; the model's maximum context is "
-                             f"{self.max_model_len} tokens")
+        self._validate_tokens(token_ids, self.max_model_len - 1, "context")
         num_blocks = -(-(num_tokens + 1) // self.block_size)
         if num_blocks > self.num_kv_blocks:
             raise ValueError(f"prompt has {num_tokens} tokens; with one generated token it needs {num_blocks} "
                              f"KV cache blocks of {self.block_size} tokens, but the cache holds only "
                              f"{self.num_kv_blocks} blocks ({self.num_kv_blocks * self.block_size} tokens)")
-        for what, ids in (("prompt", token_ids), ("stop_token_ids", params.stop_token_ids),
-                          ("logit_bias", list(params.logit_bias or {}))):
-            bad = next((t for t in ids if not 0 <= int(t) < self.vocab_size), None)
-            if bad is not None:
-                raise ValueError(f"{what} holds token id {bad}, outside the vocabulary of {self.vocab_size} tokens")
+        for what, ids in (("stop_token_ids", params.stop_token_ids), ("logit_bias", list(params.logit_bias or {}))):
+            self._check_vocabulary(what, ids)
+
+    def _validate_tokens(self, token_ids: list[int], max_tokens: int, what: str) -> None:
+        if not token_ids:
+            raise ValueError("the prompt must contain at least one token")
+        if len(token_ids) > max_tokens:
+            raise ValueError(f"prompt has {len(token_ids)} tokens; the model's maximum {what} is "
+                             f"{self.max_model_len} tokens")
+        self._check_vocabulary("prompt", token_ids)
+
+    def _check_vocabulary(self, what: str, ids: list[int] | None) -> None:
+        bad = next((t for t in ids or [] if not 0 <= int(t) < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"{what} holds token id {bad}, outside the vocabulary of {self.vocab_size} tokens")
 
     def _abort(self, request_id: str) -> _Stream | None:
         with self._lock:
@@ -264,6 +305,11 @@ class AsyncEngine:
             now = time.monotonic()
             for out in event.outputs:
                 stream = self._streams.get(self._parent_of.get(out.request_id, ""))
+                if stream is not None and out.pooling_output is not None:
+                    self._prompt_tokens += stream.num_prompt_tokens
+                    self._finish(out.request_id, stream, out.finish_reason)
+                    stream.put(out.pooling_output)
+                    continue
                 if stream is None or not out.new_token_ids:
                     continue
                 if stream.first_token is None:

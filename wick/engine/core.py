@@ -52,7 +52,8 @@ class EngineCore:
         """Raises ValueError at once for a request that can never be served."""
         seed = request.seed if request.seed is not None else self._rng.getrandbits(63)
         core_request = Request(request.request_id, request.prompt_token_ids, request.sampling_params, seed,
-                               arrival_order=next(self._arrivals), prefill_leader=request.prefill_leader)
+                               arrival_order=next(self._arrivals), prefill_leader=request.prefill_leader,
+                               pooling_params=request.pooling_params)
         self.structured_output.init_request(core_request)
         self.scheduler.add_request(core_request)
         if core_request.structured_output is not None or _uses_penalties(request.sampling_params):
@@ -118,6 +119,8 @@ class EngineCore:
                 rid, [request.output_token_ids[-1]], [logprobs] if logprobs else None,
                 prompt_logprobs.get(rid), _finish_reason(request), _stop_reason(request),
                 request.num_cached_tokens)
+        for rid, embedding in result.pooler_output.items():
+            outputs[rid] = EngineCoreOutput(rid, [], finish_reason="stop", pooling_output=embedding)
         for rid, entries in prompt_logprobs.items():
             if rid not in outputs:
                 outputs[rid] = EngineCoreOutput(rid, [], new_prompt_logprobs=entries)

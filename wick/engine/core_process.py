@@ -3,12 +3,13 @@
 Wire format: every message is one msgpack-encoded list whose first item names its kind.
 
 front end -> core:
-    ["add", request_id, prompt_token_ids, sampling_params (dict of fields), seed, prefill_leader]
+    ["add", request_id, prompt_token_ids, sampling_params (dict of fields), seed, prefill_leader,
+     pooling_params (dict of fields, or None for a generation request)]
     ["abort", [request_id, ...]]
     ["shutdown"]
 core -> front end:
     ["ready", {"max_model_len", "num_kv_blocks", "block_size", "vocab_size"}]
-    ["outputs", [encoded EngineCoreOutput, ...], stats]
+    ["outputs", [encoded EngineCoreOutput, ...], stats]   (an embedding comes as its list of floats)
     ["error", request_id, message]     a request the core refused (ValueError from add_request)
     ["fatal", message]                 the core failed; the process exits non-zero right after
 """
@@ -28,6 +29,7 @@ import zmq
 from wick.config import EngineArgs
 from wick.engine.core import EngineCore
 from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from wick.pooling_params import PoolingParams
 from wick.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -51,12 +53,15 @@ def encode_request(request: EngineCoreRequest) -> list:
     params = {name: getattr(request.sampling_params, name) for name in _PARAM_FIELDS}
     if params["structured_outputs"] is not None:
         params["structured_outputs"] = dataclasses.asdict(params["structured_outputs"])
-    return ["add", request.request_id, request.prompt_token_ids, params, request.seed, request.prefill_leader]
+    pooling = dataclasses.asdict(request.pooling_params) if request.pooling_params is not None else None
+    return ["add", request.request_id, request.prompt_token_ids, params, request.seed, request.prefill_leader,
+            pooling]
 
 
 def decode_request(message: list) -> EngineCoreRequest:
-    _, request_id, prompt_token_ids, params, seed, prefill_leader = message
-    return EngineCoreRequest(request_id, prompt_token_ids, SamplingParams(**params), seed, prefill_leader)
+    _, request_id, prompt_token_ids, params, seed, prefill_leader, pooling = message
+    return EngineCoreRequest(request_id, prompt_token_ids, SamplingParams(**params), seed, prefill_leader,
+                             PoolingParams(**pooling) if pooling is not None else None)
 
 
 def encode_output(output: EngineCoreOutput) -> list:

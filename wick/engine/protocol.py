@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wick.pooling_params import PoolingParams
 from wick.sampling_params import SamplingParams
 
 # (token ids, logprobs, rank of the first id): the chosen token first, then the top-N alternatives.
@@ -20,6 +21,8 @@ class EngineCoreRequest:
     sampling_params: SamplingParams  # n is already fanned out into one request per sample
     seed: int | None = None
     prefill_leader: str | None = None
+    # Set for an embedding request: the prompt is computed, pooled, and the request finishes (no token sampled).
+    pooling_params: PoolingParams | None = None
 
 
 @dataclass
@@ -31,3 +34,4 @@ class EngineCoreOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     stop_reason: int | None = None  # the stop token id that ended the request, if any
     num_cached_tokens: int = 0
+    pooling_output: list[float] | None = None  # an embedding request's embedding, with finish_reason "stop"

@@ -1,4 +1,4 @@
-"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) / .chat(...)."""
+"""The offline API, shaped like vLLM's: LLM(model=...).generate(...) / .chat(...) / .embed(...)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from wick.config import EngineArgs
 from wick.engine.core import EngineCore
 from wick.engine.output_processor import OutputProcessor, child_seed
 from wick.engine.protocol import EngineCoreRequest
-from wick.outputs import RequestOutput
+from wick.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from wick.pooling_params import PoolingParams
 from wick.sampling_defaults import SamplingDefaults
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.chat_template import apply_chat_template
+from wick.tokenizer.embedding_inputs import tokenize_for_embedding
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
 from wick.tools.chat_output import ChatOutputParser, tool_call_params
 from wick.tools.tool_choice import forced_call, resolve_tool_parser
@@ -99,6 +101,46 @@ class LLM:
                 parts = parser.extract(output.text)
                 output.text, output.tool_calls = parts.content or "", parts.tool_calls
         return results
+
+    def embed(self, prompts: PromptType | Sequence[PromptType],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, *,
+              truncate_prompt_tokens: int | None = None, use_tqdm: bool = False) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (strings, token-id lists, or dicts with "prompt" or "prompt_token_ids"), for an
+        embedding model. `truncate_prompt_tokens` k keeps a text's first k tokens (its special tokens kept, as
+        sentence-transformers truncates) and a token-id prompt's last k; -1 means the model's maximum length.
+        Without it a prompt longer than the model's maximum length is a ValueError."""
+        pooler = self.config.pooler_config
+        if pooler is None:
+            raise ValueError("this model generates text: embed() needs an embedding model (task='embed')")
+        if isinstance(prompts, str | dict) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = (list(pooling_params) if isinstance(pooling_params, Sequence)
+                  else [pooling_params or PoolingParams()] * len(prompts))
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} PoolingParams")
+        for p in params:
+            pooler.check(p)
+        inputs = [(p["prompt_token_ids"] if "prompt_token_ids" in p else p["prompt"]) if isinstance(p, dict) else p
+                  for p in prompts]
+        token_ids = tokenize_for_embedding(self.tokenizer, inputs, self.config.max_model_len, truncate_prompt_tokens)
+        order: list[str] = []
+        try:
+            for ids, p in zip(token_ids, params, strict=True):
+                order.append(str(next(self._ids)))
+                self.core.add_request(EngineCoreRequest(order[-1], ids, SamplingParams(max_tokens=1), pooling_params=p))
+            embeddings: dict[str, list[float]] = {}
+            progress = tqdm(total=len(order), desc="Embedding", disable=not use_tqdm)
+            while self.core.has_unfinished_requests():
+                for output in self.core.step():
+                    if output.pooling_output is not None:
+                        embeddings[output.request_id] = output.pooling_output
+                        progress.update(1)
+            progress.close()
+        except BaseException:
+            self.core.abort_requests(order)
+            raise
+        return [EmbeddingRequestOutput(rid, EmbeddingOutput(embeddings[rid]), ids)
+                for rid, ids in zip(order, token_ids, strict=True)]
 
     def _encode(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):

@@ -23,16 +23,43 @@ _MODELS: dict[str, tuple[str, str]] = {
     "DeepseekV2ForCausalLM": ("deepseek_v2", "DeepseekV2ForCausalLM"),
     "DeepseekV3ForCausalLM": ("deepseek_v2", "DeepseekV3ForCausalLM"),
 }
+# Architectures without an LM head: they serve embeddings only (the second field: the decoder family's class,
+# used as an embedding model).
+_EMBEDDING_MODELS: dict[str, tuple[str, str]] = {
+    "BertModel": ("bert", "BertModel"),
+    "Qwen3Model": ("qwen3", "Qwen3ForCausalLM"),
+}
 
 
 def supported_architectures() -> list[str]:
     return sorted(_MODELS)
 
 
-def get_model_class(architectures: list[str]) -> type[nn.Module]:
+def embedding_architectures() -> list[str]:
+    """The architectures that only embed; every generative one embeds too with task "embed"."""
+    return sorted(_EMBEDDING_MODELS)
+
+
+def is_embedding_only(architectures: list[str]) -> bool:
+    """Whether the config names an architecture that can only embed (no LM head)."""
+    return any(name in _EMBEDDING_MODELS for name in architectures)
+
+
+def get_model_class(architectures: list[str], task: str = "generate") -> type[nn.Module]:
+    """The class for the config's architectures; with `task="embed"` a decoder family comes without its LM head
+    (its hidden states are pooled)."""
+    from wick.models.base import DecoderForCausalLM
+    from wick.models.embedding import as_embedding_model
+
     for name in architectures:
-        if name in _MODELS:
-            module, cls = _MODELS[name]
-            return getattr(importlib.import_module(f"wick.models.{module}"), cls)
+        if name in _MODELS or name in _EMBEDDING_MODELS:
+            module, cls_name = _MODELS.get(name) or _EMBEDDING_MODELS[name]
+            cls = getattr(importlib.import_module(f"wick.models.{module}"), cls_name)
+            if task == "generate" and name in _EMBEDDING_MODELS:
+                raise ValueError(f"{name} has no LM head: it serves embeddings only (--task embed)")
+            if task == "embed" and issubclass(cls, DecoderForCausalLM):
+                return as_embedding_model(cls)
+            return cls
     named = ", ".join(architectures) or "none named in the config"
-    raise ValueError(f"unsupported architecture {named}; supported: {', '.join(supported_architectures())}")
+    raise ValueError(f"unsupported architecture {named}; supported: {', '.join(supported_architectures())}; "
+                     f"for embeddings also {', '.join(embedding_architectures())}")

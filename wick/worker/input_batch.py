@@ -9,6 +9,7 @@ import torch
 
 from wick.core.sched_output import GrammarBitmask, SchedulerOutput
 from wick.layers.sampler import SamplingMetadata
+from wick.pooling_params import PoolingParams
 from wick.sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class CachedRequestState:
     num_computed_tokens: int
     # Tokens sampled by steps whose results have not reached the host yet (not in token_ids).
     num_pending: int = 0
+    pooling_params: PoolingParams | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -52,6 +54,7 @@ class ScheduledState:
     start: int
     num_new_tokens: int
     samples: bool  # the step reaches the request's last token, so a new one is sampled
+    pools: bool = False  # an embedding request whose prompt this step completes: its hidden states are pooled
 
 
 class InputBatch:
@@ -67,7 +70,8 @@ class InputBatch:
         for new in scheduler_output.scheduled_new_reqs:
             self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.prompt_token_ids), list(new.prompt_token_ids) + list(new.output_token_ids),
-                new.sampling_params, new.seed, list(new.block_ids), new.num_computed_tokens)
+                new.sampling_params, new.seed, list(new.block_ids), new.num_computed_tokens,
+                pooling_params=new.pooling_params)
         for cached in scheduler_output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
@@ -76,7 +80,8 @@ class InputBatch:
         for rid, n in scheduler_output.num_scheduled_tokens.items():
             state = self.requests[rid]
             start = state.num_computed_tokens
-            scheduled.append(ScheduledState(state, start, n, start + n == state.num_tokens))
+            done, pooling = start + n == state.num_tokens, state.pooling_params is not None
+            scheduled.append(ScheduledState(state, start, n, done and not pooling, done and pooling))
             state.num_computed_tokens = start + n
         return scheduled
 

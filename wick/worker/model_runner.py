@@ -22,6 +22,7 @@ from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
 from wick.worker.cuda_graph import DecodeGraphs
 from wick.worker.input_batch import CachedRequestState, InputBatch, ScheduledState, build_sampling_metadata
+from wick.worker.pooling import PooledBatch, pool_scheduled, run_encoder
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ class _ForwardResult:
     samplers: list[ScheduledState]
     logits: torch.Tensor | None
     prompt_logprobs: dict[str, LogprobsTensors]
+    pooled: PooledBatch | None = None
 
 
 @dataclass
@@ -46,6 +48,7 @@ class _PendingStep:
     tokens: torch.Tensor | None = None
     logprobs: LogprobsTensors | None = None
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
+    pooled: PooledBatch | None = None
     done: torch.cuda.Event | None = None
 
 
@@ -74,7 +77,7 @@ class ModelRunner:
 
     def _load_model(self) -> nn.Module:
         cfg = self.config
-        model_cls = get_model_class(list(getattr(cfg.hf_config, "architectures", None) or []))
+        model_cls = get_model_class(list(getattr(cfg.hf_config, "architectures", None) or []), cfg.task)
         previous = torch.get_default_dtype()
         torch.set_default_dtype(cfg.dtype)
         try:
@@ -96,6 +99,9 @@ class ModelRunner:
         if args.num_kv_blocks:
             return args.num_kv_blocks
         full_len = -(-self.config.max_model_len // self.block_size)
+        if not self.attention_layers:
+            # An encoder keeps no KV cache: its blocks are the scheduler's bookkeeping only and cost nothing.
+            return full_len * self.config.max_num_seqs
         if args.kv_cache_memory:
             num_blocks = args.kv_cache_memory // self.kv_bytes_per_block()
         elif self.device.type == "cuda":
@@ -140,7 +146,8 @@ class ModelRunner:
         self.backend.prepare(metadata)
         with torch.inference_mode(), set_forward_context(metadata, self.backend):
             hidden = self.model(torch.zeros_like(positions), positions)
-            self.model.compute_logits(hidden[: self.config.max_num_seqs])
+            if self.config.pooler_config is None:
+                self.model.compute_logits(hidden[: self.config.max_num_seqs])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         cache_bytes = num_blocks * self.kv_bytes_per_block()
@@ -176,6 +183,11 @@ class ModelRunner:
         scheduled = self.input_batch.update(scheduler_output)
         self._forward = None
         if not scheduled:
+            return
+        pooler = self.config.pooler_config
+        if not self.attention_layers:  # an encoder: whole prompts, no KV cache, nothing sampled
+            hidden, query_start = run_encoder(self.model, self.backend, scheduled, self.device)
+            self._forward = _ForwardResult([], None, {}, pool_scheduled(pooler, hidden, scheduled, query_start))
             return
         input_ids: list[int] = []
         positions: list[int] = []
@@ -232,7 +244,8 @@ class ModelRunner:
             lps = self._prompt_logprobs(item, hidden, query_start[i])
             if lps is not None:
                 prompt_logprobs[item.state.req_id] = lps
-        self._forward = _ForwardResult(samplers, logits, prompt_logprobs)
+        pooled = pool_scheduled(pooler, hidden, scheduled, query_start) if pooler is not None else None
+        self._forward = _ForwardResult(samplers, logits, prompt_logprobs, pooled)
 
     @torch.inference_mode()
     def launch_sampling(self, grammar: GrammarBitmask | None = None) -> None:
@@ -254,6 +267,7 @@ class ModelRunner:
                 if result.logprobs is not None:
                     step.logprobs = _logprobs_to_host(result.logprobs)
             step.prompt_logprobs = {rid: _logprobs_to_host(t) for rid, t in forward.prompt_logprobs.items()}
+            step.pooled = forward.pooled
         if self.device.type == "cuda":
             step.done = torch.cuda.Event()
             step.done.record()
@@ -280,6 +294,8 @@ class ModelRunner:
                         ids, lps, rank = per_row[row]
                         output.logprobs[state.req_id] = (ids[: k + 1], lps[: k + 1], rank)
         output.prompt_logprobs = {rid: _rows(t) for rid, t in step.prompt_logprobs.items()}
+        if step.pooled is not None:
+            output.pooler_output = step.pooled.outputs()
         return output
 
     def sample_tokens(self, grammar: GrammarBitmask | None = None) -> ModelRunnerOutput:

@@ -41,10 +41,12 @@ from wick.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from wick.entrypoints.openai.serving_chat import ServingChat
 from wick.entrypoints.openai.serving_completion import ServingCompletion
+from wick.entrypoints.openai.serving_embedding import ServingEmbedding
 from wick.entrypoints.openai.serving_mcp import McpChat
 from wick.entrypoints.openai.serving_models import ServingModels
 from wick.entrypoints.openai.serving_tokenization import ServingTokenization
@@ -116,6 +118,7 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
                        reasoning_parser=get_reasoning_parser(reasoning_parser) if reasoning_parser else None)
     completion = ServingCompletion(engine, models, chat_template)
     tokenization = ServingTokenization(engine, models, chat_template)
+    embedding = ServingEmbedding(engine, models)
     metrics = ServerMetrics(engine, admission)
     mcp_hub = McpHub(mcp_servers) if mcp_servers else None
     if mcp_hub is not None:
@@ -176,13 +179,26 @@ def build_app(engine: AsyncEngine, *, served_model_names: list[str] | None = Non
     async def model_card(model_name: str) -> dict[str, Any]:
         return models.card(models.resolve(model_name))
 
+    def generates(body: ChatCompletionRequest | CompletionRequest) -> None:
+        if engine.pooler_config is not None:
+            raise bad_request(f"the model `{models.resolve(body.model)}` is an embedding model: it serves "
+                              "/v1/embeddings only, not text generation", "model")
+
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await chat.create(await parse_body(request, ChatCompletionRequest), request)
+        body = await parse_body(request, ChatCompletionRequest)
+        generates(body)
+        return await chat.create(body, request)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await completion.create(await parse_body(request, CompletionRequest), request)
+        body = await parse_body(request, CompletionRequest)
+        generates(body)
+        return await completion.create(body, request)
+
+    @router.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Response:
+        return await embedding.create(await parse_body(request, EmbeddingRequest), request)
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> JSONResponse:

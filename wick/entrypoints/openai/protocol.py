@@ -266,3 +266,53 @@ class TokenizeRequest(OpenAIModel):
 class DetokenizeRequest(OpenAIModel):
     model: str | None = None
     tokens: list[int]
+
+
+# Inputs per embeddings request, as OpenAI bounds them.
+MAX_EMBEDDING_INPUTS = 2048
+
+
+def _embedding_input(value: Any) -> str | list[str] | list[int] | list[list[int]]:
+    def is_ids(item: Any) -> bool:
+        return isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("must not be empty")
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a non-empty string, list of strings, list of token ids, or list of token-id lists")
+    if len(value) > MAX_EMBEDDING_INPUTS:
+        raise ValueError(f"at most {MAX_EMBEDDING_INPUTS} inputs are allowed, got {len(value)}")
+    if all(isinstance(item, str) for item in value):
+        if not all(value):
+            raise ValueError("must not hold an empty string")
+        return value
+    if is_ids(value) or (all(is_ids(item) for item in value)):
+        if not all(value):
+            raise ValueError("must not hold an empty list of token ids")
+        return value
+    raise ValueError("must be a non-empty string, list of strings, list of token ids, or list of token-id lists")
+
+
+class EmbeddingRequest(OpenAIModel):
+    """OpenAI's embeddings request, and vLLM's extra fields truncate_prompt_tokens and normalize."""
+
+    model: str | None = None
+    input: Any
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    normalize: StrictBool | None = None
+
+    @field_validator("input")
+    @classmethod
+    def _check_input(cls, value: Any) -> str | list[str] | list[int] | list[list[int]]:
+        return _embedding_input(value)
+
+    def inputs(self) -> list[str | list[int]]:
+        value = self.input
+        if isinstance(value, str) or isinstance(value[0], int):
+            return [value]
+        return list(value)
