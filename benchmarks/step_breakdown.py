@@ -37,7 +37,9 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--profile-steps", type=int, default=0,
+                        help="then run this many steps under the torch profiler and print where the host's time goes")
     args = parser.parse_args()
     print_environment()
     StepChannel.send = _timed(StepChannel.send, "sending the step to the other ranks")
@@ -65,6 +67,13 @@ def main() -> None:
           f"{elapsed / args.output_len * 1e3:.2f} ms per step")
     for key, values in _times.items():
         print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step ({len(values)} calls)")
+    if args.profile_steps:
+        params = SamplingParams(max_tokens=args.profile_steps, ignore_eos=True, temperature=0.0)
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as profile:
+            llm.generate(prompts, params)
+        print(f"torch profiler, {args.profile_steps} steps (times in total):")
+        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -65,8 +65,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     attention_backend: str | None = None
     enforce_eager: bool = False
-    # Schedule step N+1 while the device runs step N. None: on where it pays (a GPU), off on a CPU.
-    async_scheduling: bool | None = None
+    # Schedule step N+1 while the device runs step N (off by default: docs/benchmarks.md says why).
+    async_scheduling: bool = False
     tensor_parallel_size: int = 1
     # Several machines: node 0 serves and schedules; every node runs tensor_parallel_size / nnodes ranks.
     nnodes: int = 1
@@ -246,10 +246,7 @@ class EngineConfig:
     @property
     def async_scheduling(self) -> bool:
         """Embedding steps end with their output: nothing follows them to overlap."""
-        chosen = self.args.async_scheduling
-        if self.task == "embed":
-            return False
-        return self.device.type == "cuda" if chosen is None else chosen
+        return self.args.async_scheduling and self.task != "embed"
 
     @property
     def task(self) -> str:

@@ -23,8 +23,9 @@ def _model_dir(name: str, folder: Path, tokenizer_dir: str) -> str:
     return str(folder)
 
 
-def _generate(model: str, tp: int) -> list[list[int]]:
-    llm = LLM(model, tensor_parallel_size=tp, max_model_len=64, max_num_batched_tokens=32, block_size=4)
+def _generate(model: str, tp: int, overlap: bool = False) -> list[list[int]]:
+    llm = LLM(model, tensor_parallel_size=tp, max_model_len=64, max_num_batched_tokens=32, block_size=4,
+              async_scheduling=overlap)
     try:
         params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
         # Chunked prefill (budget 32 < the longest prompt with the others) and a mixed batch.
@@ -44,6 +45,13 @@ def test_tp2_gives_the_tokens_of_one_rank(name: str, tmp_path: Path, tiny_llama_
     model = _model_dir(name, tmp_path, tiny_llama_dir)
     single = _generate(model, 1)
     assert _generate(model, 2) == single
+
+
+def test_tp2_with_overlapped_scheduling_gives_the_tokens_of_one_rank(tmp_path: Path, tiny_llama_dir: str) -> None:
+    """The other rank takes its own steps' tokens (nobody collects its outputs) and reads the previous
+    sample on its device, as rank 0 does."""
+    model = _model_dir("llama3", tmp_path, tiny_llama_dir)
+    assert _generate(model, 2, overlap=True) == _generate(model, 1)
 
 
 def test_a_size_that_does_not_divide_the_heads_is_refused(tiny_llama_dir: str) -> None:
