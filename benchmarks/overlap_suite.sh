@@ -5,20 +5,9 @@
 # One log per step under $OUT (or ./overlap_suite_out); every step has its own time limit.
 #
 #     bash benchmarks/overlap_suite.sh
-set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-out="${OUT:-overlap_suite_out}"
-mkdir -p "$out"
-start=$SECONDS
-
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    echo "=== $name ($((SECONDS - start)) s in): $*"
-    timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
-    echo "=== $name: exit $? after $((SECONDS - start)) s"
-    tail -n 12 "$out/$name.log"
-}
+suite=overlap_suite
+tail_lines=12
+source "$(dirname "$0")/suite_steps.sh"
 
 latency=(python -m benchmarks.latency --attention-backend triton --output-len 512)
 throughput=(python -m benchmarks.throughput --attention-backend triton --model qwen3-0.6b)

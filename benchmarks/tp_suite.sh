@@ -7,20 +7,8 @@
 # hangs costs only its own figures.
 #
 #     bash benchmarks/tp_suite.sh
-set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-out="${OUT:-tp_suite_out}"
-mkdir -p "$out"
-start=$SECONDS
-
-step() {  # step NAME SECONDS COMMAND...
-    local name=$1 limit=$2
-    shift 2
-    echo "=== $name ($((SECONDS - start)) s in): $*"
-    timeout --kill-after=10 "$limit" "$@" >"$out/$name.log" 2>&1
-    echo "=== $name: exit $? after $((SECONDS - start)) s"
-    tail -n 25 "$out/$name.log"
-}
+suite=tp_suite
+source "$(dirname "$0")/suite_steps.sh"
 
 latency=(python -m benchmarks.latency --attention-backend triton --output-len 512)
 step gpu_tests 150 python -m pytest -q -m gpu tests/distributed/test_symm_all_reduce_gpu.py \
