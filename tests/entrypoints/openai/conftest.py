@@ -7,7 +7,6 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from processes import process_exists
 from wick_server import API_KEY, ServerProcess
 
 
@@ -17,8 +16,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> Itera
     log = tmp_path_factory.mktemp("wick-serve") / "serve.log"
     process = ServerProcess(["--max-model-len", "2048", "--api-key", API_KEY], log)
     yield process
-    assert process.stop() == 0, process.log()[-4000:]
-    assert not process_exists(process.core_pid)
+    process.stop_cleanly()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ import numpy as np
 import openai
 import pytest
 from embedding_texts import mixed_texts
-from processes import process_exists
 from test_bad_requests import assert_error
 from wick_server import API_KEY, ServerProcess
 
@@ -23,8 +22,7 @@ def embedding_server(tmp_path_factory: pytest.TempPathFactory, minilm_dir: str) 
     log = tmp_path_factory.mktemp("wick-serve-embed") / "serve.log"
     process = ServerProcess([minilm_dir, "--served-model-name", MODEL, "--api-key", API_KEY], log)
     yield process
-    assert process.stop() == 0, process.log()[-4000:]
-    assert not process_exists(process.core_pid)
+    process.stop_cleanly()
 
 
 @pytest.fixture(scope="module")

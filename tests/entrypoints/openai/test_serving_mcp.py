@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 from mcp_secrets_server import WEATHER, stdio_config, write_config
-from processes import descendants, pids_with_argument, process_exists
+from processes import descendants, pids_with_argument
 from wick_server import API_KEY, ServerProcess
 
 from wick.mcp import McpHub, StdioServerConfig
@@ -35,8 +35,7 @@ def mcp_server(marker: Path, qwen_gguf: str) -> Iterator[ServerProcess]:
                              "--mcp-config", config], folder / "serve.log")
     yield process
     children = pids_with_argument(str(marker))
-    assert process.stop() == 0, process.log()[-4000:]
-    assert not process_exists(process.core_pid)
+    process.stop_cleanly()
     assert children and not pids_with_argument(str(marker)), "the MCP server outlived wick serve"
 
 

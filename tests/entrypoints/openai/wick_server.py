@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+from processes import process_exists
 
 API_KEY = "test-key"
 _READY = re.compile(r"engine core pid (\d+)\); ready at (http://\S+) ")
@@ -55,6 +56,11 @@ class ServerProcess:
         code = self.wait()
         self._log.close()
         return code
+
+    def stop_cleanly(self) -> None:
+        """Stops the server; it must exit with 0 and take its engine core with it."""
+        assert self.stop() == 0, self.log()[-4000:]
+        assert not process_exists(self.core_pid)
 
 
 def metric(http: httpx.Client, name: str) -> float:
