@@ -9,6 +9,7 @@ copy of every running request (token ids, settings, block table) and appends the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -47,6 +48,13 @@ class SchedulerOutput:
     preempted_req_ids: list[str] = field(default_factory=list)
     # Requests finished or aborted since the previous step: the workers forget them.
     finished_req_ids: list[str] = field(default_factory=list)
+
+    @cached_property
+    def starts(self) -> dict[str, int]:
+        """Each scheduled request's tokens computed before this step."""
+        starts = {d.req_id: d.num_computed_tokens for d in self.scheduled_new_reqs}
+        starts.update((d.req_id, d.num_computed_tokens) for d in self.scheduled_cached_reqs)
+        return starts
 
 
 @dataclass

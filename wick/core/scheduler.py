@@ -80,7 +80,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             request = self.running[i]
-            if request.num_output_placeholders and self._will_finish(request):
+            # The tokens in flight finish it: it needs no more steps.
+            if request.num_output_placeholders and self._reaches_length(request, request.num_output_placeholders):
                 i += 1
                 continue
             num_new = min(request.num_tokens + request.num_output_placeholders - request.num_computed_tokens, budget)
@@ -174,8 +175,7 @@ class Scheduler:
                            runner_output: ModelRunnerOutput) -> list[Request]:
         """Records a finished step: newly computed blocks, sampled tokens and stops; pooled requests finish.
         Returns the requests that got a new token, finished ones included (pooled ones are not among them)."""
-        starts = {d.req_id: d.num_computed_tokens for d in scheduler_output.scheduled_new_reqs}
-        starts.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_cached_reqs)
+        starts = scheduler_output.starts
         sampled = dict(zip(runner_output.req_ids, runner_output.sampled_token_ids, strict=True))
         updated = []
         any_finished = any_finished_waiting = False
@@ -211,12 +211,12 @@ class Scheduler:
             self.waiting = deque(r for r in self.waiting if not r.is_finished)
         return updated
 
-    def _will_finish(self, request: Request) -> bool:
-        """Whether the tokens in flight bring the request to its length limit: it needs no more steps."""
-        num_output = request.num_output_tokens + request.num_output_placeholders
+    def _reaches_length(self, request: Request, num_more: int = 0) -> bool:
+        """Whether the request is at its length limit (max_tokens or the context) once `num_more` tokens
+        beyond those it has are in."""
         max_tokens = request.sampling_params.max_tokens
-        return ((max_tokens is not None and num_output >= max_tokens)
-                or request.num_tokens + request.num_output_placeholders >= self._max_len)
+        return ((max_tokens is not None and request.num_output_tokens + num_more >= max_tokens)
+                or request.num_tokens + num_more >= self._max_len)
 
     def _stop_status(self, request: Request) -> RequestStatus | None:
         params = request.sampling_params
@@ -225,9 +225,7 @@ class Scheduler:
         if request.num_output_tokens > params.min_tokens and (
                 token in params.stop_token_ids or (not params.ignore_eos and token in params.eos_token_ids)):
             return RequestStatus.FINISHED_STOPPED
-        if params.max_tokens is not None and request.num_output_tokens >= params.max_tokens:
-            return RequestStatus.FINISHED_LENGTH
-        if request.num_tokens >= self._max_len:
+        if self._reaches_length(request):
             return RequestStatus.FINISHED_LENGTH
         return None
 

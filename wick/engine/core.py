@@ -98,8 +98,7 @@ class EngineCore:
 
     def _process(self, scheduler_output: SchedulerOutput, result: ModelRunnerOutput) -> list[EngineCoreOutput]:
         requests = self.scheduler.requests
-        starts = {d.req_id: d.num_computed_tokens for d in scheduler_output.scheduled_new_reqs}
-        starts.update((d.req_id, d.num_computed_tokens) for d in scheduler_output.scheduled_cached_reqs)
+        starts = scheduler_output.starts
         prompt_logprobs = {}
         for rid, entries in result.prompt_logprobs.items():
             request = requests.get(rid)

@@ -6,6 +6,7 @@ import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -43,13 +44,17 @@ class _PendingStep:
     the host, readable once `done` has passed."""
 
     states: list[CachedRequestState] = field(default_factory=list)
-    row_of: dict[str, int] = field(default_factory=dict)
     sampled: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     logprobs: LogprobsTensors | None = None
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
     pooled: PooledBatch | None = None
     done: torch.cuda.Event | None = None
+
+    @cached_property
+    def row_of(self) -> dict[str, int]:
+        """Each sampling request's row in `sampled`."""
+        return {state.req_id: row for row, state in enumerate(self.states)}
 
 
 class ModelRunner:
@@ -261,7 +266,6 @@ class ModelRunner:
                 step.sampled = tp_broadcast(result.sampled_token_ids)
                 step.tokens = _to_host(step.sampled)
                 step.states = states
-                step.row_of = {state.req_id: row for row, state in enumerate(states)}
                 for state in states:
                     state.num_pending += 1
                 if result.logprobs is not None:
