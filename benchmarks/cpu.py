@@ -58,6 +58,12 @@ def run_llama_cpp(path: str, prompts: list[list[int]], decode_tokens: int, max_m
 
     llm = Llama(model_path=path, n_ctx=max_model_len, n_batch=max(len(p) for p in prompts),
                 n_threads=torch.get_num_threads(), verbose=False)
+    vocab_size = llm.n_vocab()
+
+    def next_token() -> int:
+        # Only the last position has logits (llama-cpp-python keeps no copy of them without logits_all).
+        return int(np.argmax(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(vocab_size,))))
+
     llm.eval(prompts[0][:32])  # warm-up
     results = []
     for ids in prompts:
@@ -65,11 +71,11 @@ def run_llama_cpp(path: str, prompts: list[list[int]], decode_tokens: int, max_m
         start = time.perf_counter()
         llm.eval(ids)
         prefill = time.perf_counter() - start
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = next_token()
         start = time.perf_counter()
         for _ in range(decode_tokens):
             llm.eval([token])
-            token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            token = next_token()
         results.append(Figures(prefill, decode_tokens / (time.perf_counter() - start)))
     return results
 

@@ -74,6 +74,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """hidden [N, dim] -> logits [N, vocab], gathered from all ranks."""
 
+    def process_weights_after_loading(self) -> None:
+        """A packed head on the CPU gets its CPU kernel form (a tied embedding keeps reading the packed rows)."""
+        packed = getattr(self.weight, "gguf", None)
+        if packed is not None:
+            self.weight.gguf = packed.with_cpu_kernel()
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         packed = getattr(self.weight, "gguf", None)
         local = gguf_linear(hidden_states, packed) if packed is not None else F.linear(hidden_states, self.weight)

@@ -131,6 +131,28 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return q.reshape(n, 16, 16).float().mul_(d).reshape(n, QK_K)
 
 
+def affine_4bit_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_0, Q4_1 or Q4_K blocks [n, type_size] as their 4-bit codes [n, block] (uint8) and each 32 codes'
+    scale and offset [n, block // 32] (float32): weight = code * scale + offset."""
+    n = blocks.shape[0]
+    if qtype == GGMLQuantizationType.Q4_0:
+        scale = _f16(blocks, 0)
+        return _low_high_nibbles(blocks[:, 2:18]), scale, scale * -8
+    if qtype == GGMLQuantizationType.Q4_1:
+        return _low_high_nibbles(blocks[:, 4:20]), _f16(blocks, 0), _f16(blocks, 2)
+    if qtype == GGMLQuantizationType.Q4_K:
+        codes = _split_bits(blocks[:, 16:144].reshape(n, 4, 32), 4).reshape(n, QK_K)
+        scales, mins = _k_scales_mins(blocks[:, 4:16])
+        return codes, _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float() * -1
+    raise ValueError(f"{qtype.name} is not a 4-bit affine GGUF type")
+
+
+def q8_0_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 blocks [n, 34] as their codes [n, 32] (int8) and scales [n, 1] (float32)."""
+    return blocks[:, 2:34].view(torch.int8), _f16(blocks, 0)
+
+
 # The sixteen non-linear levels of IQ4_NL and IQ4_XS.
 IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 

@@ -17,6 +17,7 @@ import torch
 from gguf import GGUFReader, ReaderTensor
 
 from wick.layers.quantization.gguf import GGUFWeight
+from wick.loader.file_pages import register_file_map
 from wick.loader.gguf_dequant import as_bytes, dequantize
 
 _ARCHITECTURES = {
@@ -70,7 +71,9 @@ _TOKEN_IDS = {
 
 @functools.lru_cache(maxsize=2)
 def _reader(path: str) -> GGUFReader:
-    return GGUFReader(path)
+    reader = GGUFReader(path)
+    register_file_map(reader.data)
+    return reader
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFReader:
@@ -91,6 +94,12 @@ def _tensors(reader: GGUFReader) -> dict[str, ReaderTensor]:
 def _torch_shape(tensor: ReaderTensor) -> tuple[int, ...]:
     """GGUF lists dimensions fastest-first; torch wants them slowest-first."""
     return tuple(int(d) for d in reversed(tensor.shape))
+
+
+def close_gguf_readers() -> None:
+    """Forgets the parsed readers: their metadata (the vocabulary as hundreds of thousands of small arrays) takes
+    about the file's size in memory. Loaded weights keep the file's memory map itself alive."""
+    _reader.cache_clear()
 
 
 def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

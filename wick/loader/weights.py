@@ -11,8 +11,9 @@ from torch import nn
 from tqdm import tqdm
 
 from wick.layers.quantization.base import QuantizationConfig
+from wick.layers.vocab_embedding import ParallelLMHead
 from wick.loader.dummy import initialize_dummy_weights
-from wick.loader.gguf_loader import iter_gguf_weights
+from wick.loader.gguf_loader import close_gguf_readers, iter_gguf_weights
 from wick.loader.model_source import ModelSource
 from wick.loader.safetensors_loader import count_safetensors_tensors, iter_safetensors_weights
 
@@ -33,10 +34,14 @@ def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_prog
         packed = quant_config is not None and quant_config.packs_gguf()
         desc = f"Loading weights as {quant_config.describe()}" if quant_config is not None else "Loading weights"
         _load_checkpoint(model, source, packed, desc, show_progress)
+        if source.kind == "gguf":
+            close_gguf_readers()
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
+        elif isinstance(module, ParallelLMHead):
+            module.process_weights_after_loading()
     device = next(model.parameters()).device
     name = quant_config.describe() if quant_config is not None else str(torch.get_default_dtype()).split(".")[-1]
     logger.info("weights: %s, %.2f GiB on %s", name, weights_nbytes(model) / (1 << 30), device)

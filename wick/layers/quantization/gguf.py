@@ -10,7 +10,7 @@ the file's memory map, so the weights cost the file's pages and nothing more.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -18,6 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from torch import nn
 
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
+from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, cpu_kernel_weight
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
 
 # Rows of weight dequantized at once by the torch path: a bound on its temporary, not on speed.
@@ -31,6 +32,8 @@ class GGUFWeight:
     data: torch.Tensor
     qtype: GGMLQuantizationType
     shape: tuple[int, int]
+    # The same weight repacked for a CPU kernel (gguf_cpu.py), which then runs it instead of `data`.
+    cpu_kernel: Int4Weight | Int8Weight | None = None
 
     @property
     def block_size(self) -> int:
@@ -52,6 +55,13 @@ class GGUFWeight:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.data, self.qtype, self.shape).to(dtype)
 
+    def with_cpu_kernel(self) -> GGUFWeight:
+        """This weight with its CPU kernel form, where it is on the CPU and its type has one."""
+        return replace(self, cpu_kernel=cpu_kernel_weight(self.data, self.qtype, self.shape))
+
+    def held_tensors(self) -> list[torch.Tensor]:
+        return self.cpu_kernel.tensors() if self.cpu_kernel is not None else [self.data]
+
 
 def as_dense(weight: torch.Tensor | GGUFWeight, dtype: torch.dtype) -> torch.Tensor:
     """A checkpoint tensor for a layer that holds plain floats (a router, a replicated projection)."""
@@ -64,6 +74,8 @@ _FLOAT_TYPES = {GGMLQuantizationType.F32: torch.float32, GGMLQuantizationType.F1
 
 def gguf_linear(x: torch.Tensor, weight: GGUFWeight) -> torch.Tensor:
     """x [..., columns] @ dequantized(weight)^T -> [..., rows], in x's dtype."""
+    if weight.cpu_kernel is not None:
+        return weight.cpu_kernel(x)
     if weight.qtype in _FLOAT_TYPES:
         return x @ weight.data.view(_FLOAT_TYPES[weight.qtype]).to(x.dtype).t()
     if x.is_cuda and weight.qtype in _triton_types():
@@ -157,11 +169,11 @@ class GGUFLinearMethod(LinearMethod):
                                        (last.shape[0] + shard.shape[0], shard.shape[1]))
             else:
                 parts.append(shard)
-        layer.gguf_parts = parts
+        layer.gguf_parts = [part.with_cpu_kernel() for part in parts]
         layer.gguf_shards = {}
 
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
-        return [part.data for part in layer.gguf_parts]
+        return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_gguf_parts(layer.gguf_parts, x, bias)

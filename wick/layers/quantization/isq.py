@@ -76,7 +76,7 @@ class InSituGGUFMethod(LinearMethod):
         if qtype != self.qtype:
             logger.debug("%d-wide layer quantized to %s instead of %s", layer.input_size, qtype.name, self.qtype.name)
         packed = quantize(layer.weight.data, qtype)
-        layer.gguf_parts = [GGUFWeight(packed, qtype, (layer.output_size, layer.input_size))]
+        layer.gguf_parts = [GGUFWeight(packed, qtype, (layer.output_size, layer.input_size)).with_cpu_kernel()]
         layer.weight.data = torch.empty(0, dtype=layer.isq_dtype, device=packed.device)
 
     def initialize_dummy(self, layer: nn.Module, generator: torch.Generator, low: float, high: float) -> None:
@@ -91,7 +91,7 @@ class InSituGGUFMethod(LinearMethod):
             raise ValueError("a layer to quantize in situ is missing some of its merged shards")
 
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
-        return [part.data for part in layer.gguf_parts]
+        return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_gguf_parts(layer.gguf_parts, x, bias)

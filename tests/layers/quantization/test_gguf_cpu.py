@@ -1,0 +1,72 @@
+"""The CPU kernels of GGUF weights (gguf_cpu.py): x W^T of the gguf package's dequantization, up to the
+bfloat16 rounding of the inputs, scales and outputs; and on the default model, the float32 path's argmax."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf_blocks import random_gguf, reference
+from test_gguf_models import TEXT, _model
+from transformers import AutoTokenizer
+
+from wick.layers.quantization.gguf import gguf_linear
+from wick.layers.quantization.gguf_cpu import CPU_KERNEL_TYPES, Int4Weight, Int8Weight
+
+T = GGMLQuantizationType
+
+
+@pytest.fixture(autouse=True)
+def cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("WICK_CPU_QUANT_KERNELS", raising=False)
+
+
+@pytest.mark.parametrize("qtype", sorted(CPU_KERNEL_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("shape", [(1, 512), (33, 512), (2, 3, 512)], ids=str)
+def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> None:
+    weight = random_gguf(qtype, 4160, 512, seed=3)  # more rows than one conversion chunk
+    kernel = weight.with_cpu_kernel()
+    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype == T.Q8_0 else Int4Weight)
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    expected = x.bfloat16().float() @ reference(weight).t()
+    got = gguf_linear(x, kernel)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    scale = expected.abs().amax(dim=-1, keepdim=True)
+    torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=2e-2)
+    assert (got - expected).abs().mean() < 2e-3 * scale.mean()
+
+
+def test_types_and_shapes_without_a_kernel_keep_the_float32_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert random_gguf(T.Q5_0, 64, 256).with_cpu_kernel().cpu_kernel is None
+    assert random_gguf(T.Q4_K, 40, 256).with_cpu_kernel().cpu_kernel is None  # int4 tiles are 16 rows
+    monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
+    assert random_gguf(T.Q4_1, 64, 256).with_cpu_kernel().cpu_kernel is None
+
+
+def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+    from paged_generate import PagedRunner, Sequence
+
+    (logits,) = PagedRunner(model, num_blocks=64, block_size=16).step([(Sequence(list(ids)), len(ids))])
+    return logits
+
+
+@pytest.mark.slow
+def test_default_model_follows_the_float32_path(smollm2_gguf: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bfloat16 may only swap near-ties: the argmax agrees at nearly every position of real text, and where it
+    does not, the float32 path's two best logits are within 0.1 and the kernels chose the other of them."""
+    ids = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf),
+                                        gguf_file=os.path.basename(smollm2_gguf))(TEXT)["input_ids"]
+    fast = _model(smollm2_gguf, packed=True)
+    assert isinstance(fast.model.layers[0].mlp.gate_up_proj.gguf_parts[0].cpu_kernel, Int4Weight)
+    assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)
+    got = _logits(fast, ids)
+    monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
+    expected = _logits(_model(smollm2_gguf, packed=True), ids)
+    agree = got.argmax(-1) == expected.argmax(-1)
+    assert agree.float().mean() >= 0.95
+    best = expected.topk(2, dim=-1)
+    for position in (~agree).nonzero().flatten().tolist():
+        assert best.values[position, 0] - best.values[position, 1] < 0.1
+        assert got[position].argmax() == best.indices[position, 1]
