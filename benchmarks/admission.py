@@ -3,7 +3,8 @@
 1. A 20 MB body: the time from the request's first byte to the 413, with the size declared
    (Content-Length: refused before the body is read) and without it (chunked: cut off at the limit).
 2. A burst of 10x --max-queued-requests small completions at once, each on its own connection opened
-   beforehand: every answer must be a 200 or a 429; the time from a request's send to its 429, p50/p99.
+   beforehand: every answer must be a 200 or a 429; the time from a request's send to its 429, p50/p99,
+   over --repeats bursts after one uncounted warm-up burst.
 
 Times are taken by the client over loopback, so they bound the server's time from above.
 
@@ -118,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         refusals: list[float] = []
         statuses: dict[int, int] = {}
         totals = []
+        # One burst first, not counted: the server's first refusals and first generations warm their code paths.
+        asyncio.run(burst(host, int(port), 10 * args.queue_bound, args.max_tokens))
         for _ in range(args.repeats):
             counts, to_429, total = asyncio.run(burst(host, int(port), 10 * args.queue_bound, args.max_tokens))
             refusals += to_429
