@@ -12,7 +12,9 @@ from gguf_blocks import random_gguf, reference
 from test_gguf_models import TEXT, _model
 from transformers import AutoTokenizer
 
-from wick.layers.quantization.gguf import gguf_linear
+from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from wick.layers.quantization.base import quantization_scope
+from wick.layers.quantization.gguf import GGUFConfig, gguf_linear
 from wick.layers.quantization.gguf_cpu import CPU_KERNEL_TYPES, Int4Weight, Int8Weight
 
 T = GGMLQuantizationType
@@ -38,6 +40,45 @@ def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, sh
     assert (got - expected).abs().mean() < 2e-3 * scale.mean()
 
 
+def _assert_bf16_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    scale = expected.abs().amax(dim=-1, keepdim=True)
+    torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=2e-2)
+
+
+def test_qkv_shards_of_4_bit_types_run_as_one_kernel() -> None:
+    with quantization_scope(GGUFConfig()):
+        layer = QKVParallelLinear(256, 64, 2, 1, bias=True)
+    shards = {"q": random_gguf(T.Q4_K, 128, 256, 1), "k": random_gguf(T.Q4_0, 64, 256, 2),
+              "v": random_gguf(T.Q4_1, 64, 256, 3)}
+    for shard_id, weight in shards.items():
+        layer.weight.weight_loader(layer.weight, weight, shard_id)
+    bias = torch.randn(256)
+    for shard_id, part in zip("qkv", bias.split([128, 64, 64]), strict=True):
+        layer.bias.weight_loader(layer.bias, part, shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+    assert isinstance(layer.cpu_kernel, Int4Weight)
+    x = torch.randn(5, 256)
+    _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(w) for w in shards.values()]).t() + bias)
+
+
+@pytest.mark.parametrize(("types", "joint"), [((T.Q8_0, T.Q8_0), Int8Weight), ((T.Q4_K, T.Q6_K), None)],
+                         ids=["q8_0", "q4_k+q6_k"])
+def test_gate_up_shards(types: tuple[GGMLQuantizationType, ...], joint: type | None) -> None:
+    with quantization_scope(GGUFConfig()):
+        layer = MergedColumnParallelLinear(256, [48, 64])
+    gate, up = random_gguf(types[0], 48, 256, seed=1), random_gguf(types[1], 64, 256, seed=2)
+    layer.weight.weight_loader(layer.weight, gate, 0)
+    layer.weight.weight_loader(layer.weight, up, 1)
+    layer.quant_method.process_weights_after_loading(layer)
+    if joint is None:  # each shard its own: the Q4_K one by the int4 kernel, the Q6_K one dequantized
+        assert layer.cpu_kernel is None
+        assert [type(part.cpu_kernel) for part in layer.gguf_parts] == [Int4Weight, type(None)]
+    else:
+        assert isinstance(layer.cpu_kernel, joint)
+    x = torch.randn(3, 256)
+    _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(gate), reference(up)]).t())
+
+
 def test_types_and_shapes_without_a_kernel_keep_the_float32_path(monkeypatch: pytest.MonkeyPatch) -> None:
     assert random_gguf(T.Q5_0, 64, 256).with_cpu_kernel().cpu_kernel is None
     assert random_gguf(T.Q4_K, 40, 256).with_cpu_kernel().cpu_kernel is None  # int4 tiles are 16 rows
@@ -59,7 +100,7 @@ def test_default_model_follows_the_float32_path(smollm2_gguf: str, monkeypatch: 
     ids = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf),
                                         gguf_file=os.path.basename(smollm2_gguf))(TEXT)["input_ids"]
     fast = _model(smollm2_gguf, packed=True)
-    assert isinstance(fast.model.layers[0].mlp.gate_up_proj.gguf_parts[0].cpu_kernel, Int4Weight)
+    assert isinstance(fast.model.layers[0].mlp.gate_up_proj.cpu_kernel, Int4Weight)
     assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)
     got = _logits(fast, ids)
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")

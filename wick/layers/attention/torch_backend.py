@@ -2,7 +2,7 @@
 
 A prompt with nothing cached attends over its own new keys with SDPA's causal kernel (no mask, no gather: on a
 CPU this is what keeps a long prefill linear in memory); a decode step needs no mask; a chunk after cached
-context, a sliding window or soft-capped logits get an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
+context or a sliding window gets an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
 (repeated copies only for soft-capping, which SDPA cannot do). An fp8 cache is converted back to the queries'
 dtype and scaled; a prompt then attends over its new keys as that cache holds them."""
 
@@ -53,22 +53,25 @@ class TorchAttentionBackend(AttentionBackend):
                     is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
                 continue
             blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
-            keys = as_storable(k_cache)[blocks].flatten(0, 1)[:seq_len].view(k_cache.dtype)
-            values = as_storable(v_cache)[blocks].flatten(0, 1)[:seq_len].view(v_cache.dtype)
+            # index_select, not k_cache[blocks]: advanced indexing takes a slow path on a CPU (4x here).
+            keys = as_storable(k_cache).index_select(0, blocks).flatten(0, 1)[:seq_len].view(k_cache.dtype)
+            values = as_storable(v_cache).index_select(0, blocks).flatten(0, 1)[:seq_len].view(v_cache.dtype)
             if scaled:
                 keys, values = keys.to(q.dtype) * k_scale, values.to(q.dtype) * v_scale
-            # query j sits at position seq_len - query_len + j and sees keys up to there
-            query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
-            key_pos = torch.arange(seq_len, device=q.device)
-            mask = key_pos <= query_pos[:, None]
-            if sliding_window is not None:
-                mask &= key_pos > query_pos[:, None] - sliding_window
+            mask = None
+            if query_len > 1 or sliding_window is not None:
+                # query j sits at position seq_len - query_len + j and sees keys up to there
+                query_pos = torch.arange(seq_len - query_len, seq_len, device=q.device)
+                key_pos = torch.arange(seq_len, device=q.device)
+                mask = key_pos <= query_pos[:, None]
+                if sliding_window is not None:
+                    mask &= key_pos > query_pos[:, None] - sliding_window
             out[start:end] = _attend(q[start:end].transpose(0, 1), keys.transpose(0, 1), values.transpose(0, 1),
                                      mask, scale, logits_soft_cap).transpose(0, 1)
         return out
 
 
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
             soft_cap: float | None) -> torch.Tensor:
     if soft_cap is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
@@ -76,5 +79,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
     scores = soft_cap * torch.tanh(scores / soft_cap)
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
     return torch.matmul(probs.to(v.dtype), v)

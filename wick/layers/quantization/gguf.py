@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from torch import nn
 
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
-from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, cpu_kernel_weight
+from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
 
 # Rows of weight dequantized at once by the torch path: a bound on its temporary, not on speed.
@@ -57,7 +57,10 @@ class GGUFWeight:
 
     def with_cpu_kernel(self) -> GGUFWeight:
         """This weight with its CPU kernel form, where it is on the CPU and its type has one."""
-        return replace(self, cpu_kernel=cpu_kernel_weight(self.data, self.qtype, self.shape))
+        return replace(self, cpu_kernel=cpu_kernel_weight([self.piece()]))
+
+    def piece(self) -> Piece:
+        return self.data, self.qtype, self.shape
 
     def held_tensors(self) -> list[torch.Tensor]:
         return self.cpu_kernel.tensors() if self.cpu_kernel is not None else [self.data]
@@ -138,6 +141,7 @@ class GGUFLinearMethod(LinearMethod):
         layer.register_parameter("weight", weight)
         layer.gguf_shards = {}
         layer.gguf_parts = []
+        layer.cpu_kernel = None
 
     @staticmethod
     def _load(layer: nn.Module, param: nn.Parameter, loaded: GGUFWeight | torch.Tensor,
@@ -169,13 +173,20 @@ class GGUFLinearMethod(LinearMethod):
                                        (last.shape[0] + shard.shape[0], shard.shape[1]))
             else:
                 parts.append(shard)
-        layer.gguf_parts = [part.with_cpu_kernel() for part in parts]
+        # On a CPU one kernel runs all the shards where it can (one call for q, k and v), else each its own.
+        layer.cpu_kernel = cpu_kernel_weight([part.piece() for part in parts])
+        layer.gguf_parts = parts if layer.cpu_kernel is not None else [part.with_cpu_kernel() for part in parts]
         layer.gguf_shards = {}
 
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
+        if layer.cpu_kernel is not None:
+            return layer.cpu_kernel.tensors()
         return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if layer.cpu_kernel is not None:
+            out = layer.cpu_kernel(x)
+            return out + bias if bias is not None else out
         return apply_gguf_parts(layer.gguf_parts, x, bias)
 
 

@@ -22,7 +22,7 @@ from wick.loader.gguf_dequant import affine_4bit_codes, q8_0_codes
 _GROUP = 32
 _INT4_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K})
 CPU_KERNEL_TYPES = _INT4_TYPES | {GGMLQuantizationType.Q8_0}
-# Rows converted at once: a bound on the int32 codes the int4 packing takes.
+# Rows converted at once (whole tiles of 64, see Int4Weight.takes): a bound on the int32 codes the packing takes.
 _CONVERT_ROWS = 4096
 
 
@@ -34,22 +34,33 @@ def _flat_bf16(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
 
 
-class Int4Weight:
-    """A Q4_0 / Q4_1 / Q4_K weight [rows, columns] in the int4 CPU kernel's layout."""
+# A packed block of rows as stored: [rows, row bytes] of uint8, its type, (rows, columns).
+Piece = tuple[torch.Tensor, GGMLQuantizationType, tuple[int, int]]
 
-    def __init__(self, data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
-        rows, columns = shape
+
+class Int4Weight:
+    """Q4_0 / Q4_1 / Q4_K pieces, their rows stacked, in the int4 CPU kernel's layout."""
+
+    def __init__(self, pieces: list[Piece]) -> None:
         packed, scales_and_zeros = [], []
-        for start in range(0, rows, _CONVERT_ROWS):
-            size = min(_CONVERT_ROWS, rows - start)
-            codes, scales, offsets = affine_4bit_codes(_blocks(data.narrow(0, start, size), qtype), qtype)
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                codes.reshape(size, columns).to(torch.int32), 1))
-            scales, offsets = scales.reshape(size, -1), offsets.reshape(size, -1)
-            # The kernel computes (code - 8) * scale + zero.
-            scales_and_zeros.append(torch.stack([scales, offsets + 8 * scales], dim=-1))
+        for data, qtype, (rows, columns) in pieces:
+            for start in range(0, rows, _CONVERT_ROWS):
+                size = min(_CONVERT_ROWS, rows - start)
+                codes, scales, offsets = affine_4bit_codes(_blocks(data.narrow(0, start, size), qtype), qtype)
+                packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+                    codes.reshape(size, columns).to(torch.int32), 1))
+                scales, offsets = scales.reshape(size, -1), offsets.reshape(size, -1)
+                # The kernel computes (code - 8) * scale + zero.
+                scales_and_zeros.append(torch.stack([scales, offsets + 8 * scales], dim=-1))
         self.packed = torch.cat(packed)
         self.scales_and_zeros = torch.cat(scales_and_zeros).transpose(0, 1).to(torch.bfloat16).contiguous()
+
+    @staticmethod
+    def takes(pieces: list[Piece]) -> bool:
+        # The packing works in tiles of 16 rows and interleaves rows within 64: packed pieces stack when every
+        # piece but the last is whole tiles of 64.
+        rows = [shape[0] for _, _, shape in pieces]
+        return rows[-1] % 16 == 0 and all(r % 64 == 0 for r in rows[:-1])
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.packed, self.scales_and_zeros]
@@ -60,14 +71,17 @@ class Int4Weight:
 
 
 class Int8Weight:
-    """A Q8_0 weight [rows, columns] as int8 codes [columns / 32, rows, 32] and scales [columns / 32, rows]."""
+    """Q8_0 pieces, their rows stacked, as int8 codes [columns / 32, rows, 32] and scales [columns / 32, rows]."""
 
-    def __init__(self, data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]) -> None:
-        rows, columns = shape
-        codes, scales = q8_0_codes(_blocks(data, qtype))
-        # One copy of the codes, straight from the blocks into [groups, rows, 32].
-        self.codes = codes.view(rows, columns // _GROUP, _GROUP).transpose(0, 1).contiguous()
-        self.scales = scales.reshape(rows, -1).t().to(torch.bfloat16).contiguous()
+    def __init__(self, pieces: list[Piece]) -> None:
+        codes, scales = [], []
+        for data, qtype, (rows, columns) in pieces:
+            piece_codes, piece_scales = q8_0_codes(_blocks(data, qtype))
+            # One copy of the codes, straight from the blocks into [groups, rows, 32].
+            codes.append(piece_codes.view(rows, columns // _GROUP, _GROUP).transpose(0, 1))
+            scales.append(piece_scales.reshape(rows, -1).t())
+        self.codes = torch.cat(codes, dim=1) if len(codes) > 1 else codes[0].contiguous()
+        self.scales = torch.cat(scales, dim=1).to(torch.bfloat16).contiguous()
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.codes, self.scales]
@@ -75,23 +89,22 @@ class Int8Weight:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         flat = _flat_bf16(x)
         groups = flat.view(flat.shape[0], -1, _GROUP).transpose(0, 1).contiguous()
-        out = torch.zeros(flat.shape[0], self.codes.shape[1], dtype=torch.float32)
-        for group, codes, scales in zip(groups, self.codes, self.scales, strict=True):
-            out += torch.ops.aten._weight_int8pack_mm(group, codes, scales)
-        return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+        partial = torch.stack([torch.ops.aten._weight_int8pack_mm(group, codes, scales)
+                               for group, codes, scales in zip(groups, self.codes, self.scales, strict=True)])
+        return partial.sum(0, dtype=torch.float32).to(x.dtype).reshape(*x.shape[:-1], -1)
 
 
-def cpu_kernel_weight(data: torch.Tensor, qtype: GGMLQuantizationType,
-                      shape: tuple[int, int]) -> Int4Weight | Int8Weight | None:
-    """The weight in a CPU kernel's layout, if it is on the CPU and its type has a kernel."""
-    if data.device.type != "cpu" or qtype not in CPU_KERNEL_TYPES or os.environ.get("WICK_CPU_QUANT_KERNELS") == "0":
+def cpu_kernel_weight(pieces: list[Piece]) -> Int4Weight | Int8Weight | None:
+    """One CPU kernel weight over the pieces' stacked rows, if they are on the CPU and one kernel takes them all."""
+    if os.environ.get("WICK_CPU_QUANT_KERNELS") == "0" or any(data.device.type != "cpu" for data, _, _ in pieces):
         return None
-    if qtype in _INT4_TYPES:
-        # The int4 packing takes whole tiles of 16 rows.
-        if shape[0] % 16:
-            return None
-        weight = Int4Weight(data, qtype, shape)
+    qtypes = {qtype for _, qtype, _ in pieces}
+    if qtypes <= _INT4_TYPES and Int4Weight.takes(pieces):
+        weight: Int4Weight | Int8Weight = Int4Weight(pieces)
+    elif qtypes == {GGMLQuantizationType.Q8_0}:
+        weight = Int8Weight(pieces)
     else:
-        weight = Int8Weight(data, qtype, shape)
-    release_file_pages(data)
+        return None
+    for data, _, _ in pieces:
+        release_file_pages(data)
     return weight
