@@ -8,7 +8,9 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from wick.layers.quantization.gguf import GGUFWeight
+from wick.layers.linear import QKVParallelLinear
+from wick.layers.quantization.base import quantization_scope
+from wick.layers.quantization.gguf import GGUFConfig, GGUFWeight
 
 # Byte offsets of the float16 fields of the formats gguf cannot quantize to: random bytes there
 # could be inf or NaN, so these get finite values.
@@ -45,3 +47,16 @@ def reference(weight: GGUFWeight) -> torch.Tensor:
     """The gguf package's float32 dequantization of `weight`."""
     raw = weight.data.numpy()
     return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, weight.qtype))).reshape(weight.shape)
+
+
+def packed_qkv(shards: dict[str, GGUFWeight], bias: torch.Tensor) -> QKVParallelLinear:
+    """A GGUF QKV layer of one KV head loaded from its q, k and v shards and bias, ready to run."""
+    head_dim, hidden = shards["k"].shape
+    with quantization_scope(GGUFConfig()):
+        layer = QKVParallelLinear(hidden, head_dim, shards["q"].shape[0] // head_dim, 1, bias=True)
+    for shard_id, weight in shards.items():
+        layer.weight.weight_loader(layer.weight, weight, shard_id)
+    for shard_id, part in zip("qkv", bias.split([w.shape[0] for w in shards.values()]), strict=True):
+        layer.bias.weight_loader(layer.bias, part, shard_id)
+    layer.quant_method.process_weights_after_loading(layer)
+    return layer

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf_blocks import random_gguf, reference
+from gguf_blocks import packed_qkv, random_gguf, reference
 
-from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from wick.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig, GGUFWeight, gguf_embedding
 from wick.layers.vocab_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -30,16 +30,10 @@ def test_merged_layer_of_one_type(qtype: GGMLQuantizationType) -> None:
 
 
 def test_qkv_of_mixed_types_with_bias_keeps_shards_packed() -> None:
-    with quantization_scope(GGUFConfig()):
-        layer = QKVParallelLinear(256, 32, 2, 1, bias=True)
     shards = {"q": random_gguf(T.Q4_K, 64, 256, 1), "k": random_gguf(T.Q4_K, 32, 256, 2),
               "v": random_gguf(T.Q6_K, 32, 256, 3)}
-    for shard_id, weight in shards.items():
-        layer.weight.weight_loader(layer.weight, weight, shard_id)
     bias = torch.randn(128)
-    for shard_id, part in zip("qkv", bias.split([64, 32, 32]), strict=True):
-        layer.bias.weight_loader(layer.bias, part, shard_id)
-    layer.quant_method.process_weights_after_loading(layer)
+    layer = packed_qkv(shards, bias)
     assert [p.qtype for p in layer.gguf_parts] == [T.Q4_K, T.Q4_K, T.Q6_K]  # CPU: views, not joined
     assert all(p.data.dtype == torch.uint8 for p in layer.gguf_parts)
     x = torch.randn(5, 256)

@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 from gguf import GGMLQuantizationType
-from gguf_blocks import random_gguf, reference
-from test_gguf_models import TEXT, _model
+from gguf_blocks import packed_qkv, random_gguf, reference
+from test_gguf_models import TEXT, _model, _teacher_forced_logits
 from transformers import AutoTokenizer
 
-from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from wick.layers.linear import MergedColumnParallelLinear
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig, gguf_linear
 from wick.layers.quantization.gguf_cpu import CPU_KERNEL_TYPES, Int4Weight, Int8Weight
@@ -46,16 +46,10 @@ def _assert_bf16_close(got: torch.Tensor, expected: torch.Tensor) -> None:
 
 
 def test_qkv_shards_of_4_bit_types_run_as_one_kernel() -> None:
-    with quantization_scope(GGUFConfig()):
-        layer = QKVParallelLinear(256, 64, 2, 1, bias=True)
     shards = {"q": random_gguf(T.Q4_K, 128, 256, 1), "k": random_gguf(T.Q4_0, 64, 256, 2),
               "v": random_gguf(T.Q4_1, 64, 256, 3)}
-    for shard_id, weight in shards.items():
-        layer.weight.weight_loader(layer.weight, weight, shard_id)
     bias = torch.randn(256)
-    for shard_id, part in zip("qkv", bias.split([128, 64, 64]), strict=True):
-        layer.bias.weight_loader(layer.bias, part, shard_id)
-    layer.quant_method.process_weights_after_loading(layer)
+    layer = packed_qkv(shards, bias)
     assert isinstance(layer.cpu_kernel, Int4Weight)
     x = torch.randn(5, 256)
     _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(w) for w in shards.values()]).t() + bias)
@@ -86,13 +80,6 @@ def test_types_and_shapes_without_a_kernel_keep_the_float32_path(monkeypatch: py
     assert random_gguf(T.Q4_1, 64, 256).with_cpu_kernel().cpu_kernel is None
 
 
-def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
-    from paged_generate import PagedRunner, Sequence
-
-    (logits,) = PagedRunner(model, num_blocks=64, block_size=16).step([(Sequence(list(ids)), len(ids))])
-    return logits
-
-
 @pytest.mark.slow
 def test_default_model_follows_the_float32_path(smollm2_gguf: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """bfloat16 may only swap near-ties: the argmax agrees at nearly every position of real text, and where it
@@ -102,9 +89,9 @@ def test_default_model_follows_the_float32_path(smollm2_gguf: str, monkeypatch: 
     fast = _model(smollm2_gguf, packed=True)
     assert isinstance(fast.model.layers[0].mlp.gate_up_proj.cpu_kernel, Int4Weight)
     assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)
-    got = _logits(fast, ids)
+    got = _teacher_forced_logits(fast, ids)
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
-    expected = _logits(_model(smollm2_gguf, packed=True), ids)
+    expected = _teacher_forced_logits(_model(smollm2_gguf, packed=True), ids)
     agree = got.argmax(-1) == expected.argmax(-1)
     assert agree.float().mean() >= 0.95
     best = expected.topk(2, dim=-1)

@@ -80,7 +80,7 @@ class Int8Weight:
             # One copy of the codes, straight from the blocks into [groups, rows, 32].
             codes.append(piece_codes.view(rows, columns // _GROUP, _GROUP).transpose(0, 1))
             scales.append(piece_scales.reshape(rows, -1).t())
-        self.codes = torch.cat(codes, dim=1) if len(codes) > 1 else codes[0].contiguous()
+        self.codes = torch.cat(codes, dim=1)
         self.scales = torch.cat(scales, dim=1).to(torch.bfloat16).contiguous()
 
     def tensors(self) -> list[torch.Tensor]:
