@@ -11,13 +11,14 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
-def _check(rows: int, n: int, k: int, block: tuple[int, int], dtype: torch.dtype) -> None:
+def _check(rows: int, n: int, k: int, block: tuple[int, int], dtype: torch.dtype,
+           gemv_config: tuple[int, int, int] | None = None) -> None:
     g = torch.Generator().manual_seed(n + k)
     weight = torch.randn(n, k, generator=g).clamp(-400, 400).to(torch.float8_e4m3fn).to(DEVICE)
     scale = (torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3).to(DEVICE)
     x = torch.randn(rows, k, generator=g).to(DEVICE, dtype)
     expected = x.float() @ fp8_dequantize(weight, scale, block).t()
-    out = fp8_matmul(x, weight, scale, block)
+    out = fp8_matmul(x, weight, scale, block, gemv_config=gemv_config)
     assert out.dtype == dtype and out.shape == (rows, n)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
 
@@ -26,6 +27,12 @@ def _check(rows: int, n: int, k: int, block: tuple[int, int], dtype: torch.dtype
 @pytest.mark.parametrize("block", [(128, 128), (1, 200)], ids=["block128", "per_row"])
 def test_matches_dequantized(rows: int, block: tuple[int, int]) -> None:
     _check(rows, 160, 200, block, torch.float32)
+
+
+@pytest.mark.parametrize(("block", "config"), [((128, 128), (16, 64, 2)), ((1, 200), (4, 256, 4)),
+                                               ((128, 128), (8, 256, 4))], ids=["in_tile", "per_row", "tile_split"])
+def test_gemv_configs(block: tuple[int, int], config: tuple[int, int, int]) -> None:
+    _check(2, 40, 200, block, torch.float32, gemv_config=config)
 
 
 def test_half_precision() -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from wick.kernels.gguf_matmul import GEMV_MAX_ROWS, TRITON_TYPES, gguf_matmul
+from wick.kernels.gguf_matmul import GEMV_MAX_ROWS, TRITON_TYPES, gguf_matmul, q4_k_words_ok
 from wick.loader.gguf_dequant import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -35,6 +35,31 @@ def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.
 def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> None:
     k = 512 if qtype >= GGMLQuantizationType.Q2_K else 96
     _check(qtype, rows, 40, k, torch.float32)
+
+
+@pytest.mark.parametrize("config", [None, (8, 2, 2), (1, 1, 1)], ids=["default", "8x2", "1x1"])
+def test_q4_k_word_gemv(config: tuple[int, int, int] | None) -> None:
+    n, k = 24, 768
+    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=7)
+    data = weight.data.to(DEVICE)
+    assert q4_k_words_ok(data)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    expected = x @ dequantize(data, GGMLQuantizationType.Q4_K, (n, k)).t()
+    out = gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+
+
+def test_q4_k_rows_off_word_boundaries_take_the_byte_kernel() -> None:
+    n, k = 8, 256
+    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=8)
+    padded = torch.zeros(n, weight.data.shape[1] + 2, dtype=torch.uint8)
+    padded[:, 2:] = weight.data
+    data = padded.to(DEVICE)[:, 2:]
+    assert not q4_k_words_ok(data)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)
+    expected = x @ dequantize(weight.data, GGMLQuantizationType.Q4_K, (n, k)).t().to(DEVICE)
+    torch.testing.assert_close(gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k)), expected,
+                               atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)

@@ -41,11 +41,20 @@ def test_half_precision() -> None:
     _check(4, 20, 128, 64, 64, False, torch.float16)
 
 
-def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("config", [None, (16, 32, 2), (8, 256, 4)],
+                         ids=["default", "one_group_a_step", "groups_a_step"])
+def test_contiguous_group_gemv(bits: int, config: tuple[int, int, int] | None) -> None:
+    _check(bits, 3, 320, 40, 64, False, torch.float32, gemv_config=config)
+
+
+def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype,
+           gemv_config: tuple[int, int, int] | None = None) -> None:
     qweight, scales, zeros, g_idx = _weights(bits, k, n, group, shuffled, dtype)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     expected = x.float() @ wna16_dequantize(qweight, scales.float(), zeros.float(), g_idx, bits)
-    out = wna16_matmul(x, qweight, scales, zeros, g_idx, bits)
+    out = wna16_matmul(x, qweight, scales, zeros, g_idx, bits, group=None if shuffled else group,
+                       gemv_config=gemv_config)
     assert out.dtype == dtype and out.shape == (rows, n)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
 

@@ -54,11 +54,38 @@ def _fp8_kernel(
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _fp8_gemv_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
+    BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One row of x against BLOCK_N rows of W, BLOCK_K columns a step inside one scale tile: each row's
+    sum over the step takes its scale once."""
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    safe = tl.where(n_mask, rows, 0)
+    ks = tl.arange(0, BLOCK_K)
+    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        k_mask = k < K
+        w = tl.load(w_ptr + safe.to(tl.int64)[:, None] * stride_wn + k[None, :], mask=k_mask[None, :], other=0.0)
+        x = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        scale = tl.load(scale_ptr + (safe // BLOCK_SN) * stride_sn + (k0 // BLOCK_SK) * stride_sk)
+        acc += scale * tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
 GEMV_MAX_ROWS = 8
+# Rows per program, columns per step and warps of the GEMV (benchmarks/kernels/bench_quant_gemv.py).
+FP8_GEMV_CONFIG = (8, 128, 4)
 
 
-def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
-    """x [..., K] @ W^T -> [..., N] in x's dtype; W [N, K] float8, scale [ceil(N / block[0]), ceil(K / block[1])]."""
+def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+               gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x [..., K] @ W^T -> [..., N] in x's dtype; W [N, K] float8, scale [ceil(N / block[0]), ceil(K / block[1])].
+    gemv_config: (rows, columns a step, warps) of the GEMV, for benchmarks; None picks them."""
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -68,6 +95,12 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
     gemv = m <= GEMV_MAX_ROWS
+    block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
+    if gemv and (block[1] >= k or block[1] % block_k == 0):
+        _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
+            x2, weight, scale, out, n, k, x2.stride(0), weight.stride(0), scale.stride(0), scale.stride(1),
+            out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 64
     block_n, block_k = (32, 128) if gemv else (64, 64)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))

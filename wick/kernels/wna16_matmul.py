@@ -78,12 +78,50 @@ def _wna16_kernel(
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & n_mask[None, :])
 
 
+@triton.jit
+def _wna16_gemv_kernel(
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, GROUP, stride_xm, stride_om,
+    BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One row of x against BLOCK_N columns of W whose groups are contiguous (row k in group k // GROUP):
+    each word's fields are summed against x before the word's group scale and zero point apply."""
+    PACK: tl.constexpr = 32 // BITS
+    WORDS: tl.constexpr = BLOCK_K // PACK
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    word_rows = tl.arange(0, WORDS)
+    fields = tl.arange(0, PACK)
+    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w_rows = k0 // PACK + word_rows
+        w_mask = w_rows < K // PACK
+        mask = w_mask[:, None] & n_mask[None, :]
+        words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
+        q = (words[:, None, :] >> (fields * BITS)[None, :, None]) & ((1 << BITS) - 1)
+        q = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+        x = tl.load(x_row + w_rows[:, None] * PACK + fields[None, :], mask=w_mask[:, None], other=0.0).to(tl.float32)
+        dot = tl.sum(q * x[:, :, None], axis=1)
+        offsets = ((w_rows * PACK) // GROUP).to(tl.int64)[:, None] * N + cols[None, :]
+        scale = tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        acc += scale * (dot - zero * tl.sum(x, axis=1)[:, None])
+    out = tl.sum(acc, axis=0)
+    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
 GEMV_MAX_ROWS = 8
+# Columns per program, input rows per step and warps of the contiguous-group GEMV
+# (benchmarks/kernels/bench_quant_gemv.py).
+WNA16_GEMV_CONFIG = (32, 128, 4)
 
 
 def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                 g_idx: torch.Tensor, bits: int) -> torch.Tensor:
-    """x [..., K] @ W [K, N] in x's dtype, W dequantized inside the kernel."""
+                 g_idx: torch.Tensor, bits: int, group: int | None = None,
+                 gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x [..., K] @ W [K, N] in x's dtype, W dequantized inside the kernel. group: set where row k is in
+    group k // group (g_idx is then not read by the GEMV). gemv_config: (columns, rows a step, warps) of
+    that GEMV, for benchmarks; None picks them."""
     k, n = g_idx.shape[0], qweight.shape[1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -93,6 +131,12 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
     gemv = m <= GEMV_MAX_ROWS
+    if gemv and group is not None:
+        block_n, block_k, warps = gemv_config or WNA16_GEMV_CONFIG
+        _wna16_gemv_kernel[(m, triton.cdiv(n, block_n))](
+            x2, qweight, scales, zeros, out, n, k, group, x2.stride(0), out.stride(0),
+            BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+        return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 64
     block_n = 64 if gemv else 64
     block_k = 128 if gemv else 32

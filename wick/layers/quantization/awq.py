@@ -13,7 +13,13 @@ from torch import nn
 
 from wick.kernels.wna16_matmul import pack_rows
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
-from wick.layers.quantization.gptq import apply_wna16, fill_dummy_wna16, finish_wna16, unpack_columns
+from wick.layers.quantization.gptq import (
+    apply_wna16,
+    fill_dummy_wna16,
+    finish_wna16,
+    unpack_columns,
+    wna16_held_tensors,
+)
 
 # Field i of an AWQ word holds column AWQ_ORDER[i] of its eight.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -94,7 +100,7 @@ class AWQLinearMethod(LinearMethod):
         layer.qzeros.data.fill_(0x88888888 - (1 << 32))
 
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
-        return [layer.wna16_zeros, layer.g_idx]
+        return [layer.g_idx, *wna16_held_tensors(layer)]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_wna16(layer, x, bias)

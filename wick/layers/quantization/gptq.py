@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from wick.kernels.wna16_matmul import unpack_rows, wna16_dequantize
+from wick.kernels.wna16_matmul import pack_rows, unpack_rows, wna16_dequantize
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 
 
@@ -99,7 +99,7 @@ class GPTQLinearMethod(LinearMethod):
                                    % layer.scales.shape[0])
 
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
-        return [layer.wna16_zeros]
+        return wna16_held_tensors(layer)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_wna16(layer, x, bias)
@@ -111,17 +111,40 @@ def unpack_columns(packed: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def finish_wna16(layer: nn.Module, zeros: torch.Tensor, bits: int) -> None:
-    """Keep the packed weights, scales and zero points in the layout of the W4A16 / W8A16 kernel."""
+    """Keep the packed weights, scales and zero points in the layout of the W4A16 / W8A16 kernel.
+
+    Act-order rows are sorted by group (the input's columns are permuted to match per forward, as
+    exllama does), so that each group's rows are contiguous and the GEMV reads one scale per word."""
     layer.wna16_bits = bits
     layer.scales.data = layer.scales.data.to(layer.wna16_dtype)
     layer.wna16_zeros = zeros.to(layer.wna16_dtype)
+    layer.wna16_perm = None
+    g_idx = layer.g_idx.data
+    group = layer.wna16_group
+    contiguous = torch.arange(g_idx.numel(), device=g_idx.device, dtype=g_idx.dtype) // group
+    if not torch.equal(g_idx, contiguous):
+        perm = torch.argsort(g_idx, stable=True)
+        if torch.equal(g_idx[perm], contiguous):
+            layer.qweight.data = pack_rows(unpack_rows(layer.qweight.data, bits)[perm], bits)
+            layer.g_idx.data = contiguous
+            layer.wna16_perm = perm
+    layer.wna16_contiguous_group = group if torch.equal(layer.g_idx.data, contiguous) and group % (32 // bits) == 0 \
+        else None
+
+
+def wna16_held_tensors(layer: nn.Module) -> list[torch.Tensor]:
+    """What the W4A16 / W8A16 layout holds beside the layer's parameters."""
+    return [layer.wna16_zeros] + ([layer.wna16_perm] if layer.wna16_perm is not None else [])
 
 
 def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if layer.wna16_perm is not None:
+        x = x.index_select(-1, layer.wna16_perm)
     if x.is_cuda:
         from wick.kernels.wna16_matmul import wna16_matmul
 
-        out = wna16_matmul(x, layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits)
+        out = wna16_matmul(x, layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits,
+                           group=layer.wna16_contiguous_group)
     else:
         weight = wna16_dequantize(layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits)
         out = x @ weight.to(x.dtype)

@@ -1,0 +1,119 @@
+"""The quantized GEMV kernels (one row of x: a decode step of one request) against bf16's x @ W^T, at the
+linear layers of a model's shape, inside CUDA graphs: microseconds, GB/s of the weights' bytes and the
+share of the copy bandwidth. `--sweep` times every (rows or columns per program, step, warps) of each
+kernel and names the one with the least time over the layers (the defaults in wick/kernels/).
+
+    python -m benchmarks.kernels.bench_quant_gemv [--sweep] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from gguf import GGMLQuantizationType
+from triton.testing import do_bench_cudagraph
+
+from benchmarks.common import copy_bandwidth, print_environment
+from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
+from wick.kernels.gguf_matmul import Q4_K_GEMV_CONFIG, gguf_matmul
+from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
+
+# (name, N, K) of Llama-3.1-8B's linear layers as wick merges them.
+LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
+GROUP = 128
+SWEEPS = {
+    "q4_k": [(n, b, w) for n, b, w in itertools.product([1, 2, 4, 8, 16], [1, 2, 4, 8], [2, 4, 8]) if 2 <= n * b <= 16],
+    "gptq": list(itertools.product([16, 32, 64], [64, 128, 256], [2, 4, 8])),
+    "fp8": list(itertools.product([4, 8, 16, 32], [128, 256, 512], [2, 4, 8])),
+}
+DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG}
+
+
+def _q4_k(n: int, k: int) -> tuple[Callable, int]:
+    blocks = torch.randint(0, 256, (n, k // 256, 144), dtype=torch.uint8, device="cuda")
+    scales = torch.full((n, k // 256, 2), 1e-3, dtype=torch.float16, device="cuda")
+    blocks[:, :, :4] = scales.view(torch.uint8).reshape(n, k // 256, 4)
+    data = blocks.reshape(n, -1)
+    return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config),
+            data.numel())
+
+
+def _gptq(n: int, k: int) -> tuple[Callable, int]:
+    qweight = torch.randint(-(1 << 31), 1 << 31, (k // 8, n), dtype=torch.int64, device="cuda").to(torch.int32)
+    scales = torch.full((k // GROUP, n), 1e-3, dtype=torch.bfloat16, device="cuda")
+    zeros = torch.full_like(scales, 8.0)
+    g_idx = (torch.arange(k, device="cuda") // GROUP).to(torch.int32)
+    nbytes = qweight.numel() * 4 + scales.numel() * 4
+    return (lambda x, config: wna16_matmul(x, qweight, scales, zeros, g_idx, 4, group=GROUP, gemv_config=config),
+            nbytes)
+
+
+def _fp8(n: int, k: int) -> tuple[Callable, int]:
+    weight = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
+    scale = torch.full((n, 1), 1e-3, dtype=torch.float32, device="cuda")
+    return lambda x, config: fp8_matmul(x, weight, scale, (1, k), gemv_config=config), weight.numel() + n * 4
+
+
+MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8}
+
+
+def _time_us(fn: Callable[[], object]) -> float:
+    fn()
+    return do_bench_cudagraph(fn, rep=20) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--formats", default="q4_k,gptq,fp8")
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--json", default=None, help="write every timing here")
+    args = parser.parse_args()
+    print_environment()
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s; layers of Llama-3.1-8B, one row of x (bf16)")
+    x = {k: torch.randn(1, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in LLAMA_8B}}
+    results: dict = {"bandwidth": bandwidth, "bf16": {}, "formats": {}}
+    bf16_total = 0.0
+    for name, n, k in LLAMA_8B:
+        weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+        us = _time_us(partial(torch.matmul, x[k], weight.t()))
+        bf16_total += us
+        results["bf16"][name] = us
+        print(f"bf16  {name:>8} {n:>6}x{k:<6} {us:8.1f} us  {weight.numel() * 2 / us / 1e3:7.0f} GB/s "
+              f"({weight.numel() * 2 / us * 1e6 / bandwidth:4.0%})")
+        del weight
+    for fmt in args.formats.split(","):
+        layers = [(name, *MAKERS[fmt](n, k), k) for name, n, k in LLAMA_8B]
+        configs = SWEEPS[fmt] if args.sweep else [DEFAULTS[fmt]]
+        timings: dict[str, dict[str, float]] = {}
+        for config in configs:
+            try:
+                timings[str(config)] = {name: _time_us(partial(fn, x[k], config)) for name, fn, _, k in layers}
+            except Exception as error:  # a tile too large for the registers or shared memory
+                print(f"{fmt} {config}: {type(error).__name__}")
+        best = min(timings, key=lambda c: sum(timings[c].values()))
+        for label, config in (("default", str(DEFAULTS[fmt])), ("best", best)):
+            if config not in timings:
+                continue
+            total = sum(timings[config].values())
+            for name, _, nbytes, _ in layers:
+                us = timings[config][name]
+                print(f"{fmt:5} {label:>7} {config:>15} {name:>8} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s "
+                      f"({nbytes / us * 1e6 / bandwidth:4.0%})  {results['bf16'][name] / us:4.2f}x bf16")
+            print(f"{fmt:5} {label:>7} {config:>15}    total {total:8.1f} us  {bf16_total / total:4.2f}x bf16")
+        results["formats"][fmt] = {"default": str(DEFAULTS[fmt]), "best": best, "timings": timings,
+                                   "bytes": {name: nbytes for name, _, nbytes, _ in layers}}
+        del layers
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
