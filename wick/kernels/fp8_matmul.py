@@ -79,7 +79,7 @@ def _fp8_gemv_kernel(
 
 GEMV_MAX_ROWS = 8
 # Rows per program, columns per step and warps of the GEMV (benchmarks/kernels/bench_quant_gemv.py).
-FP8_GEMV_CONFIG = (8, 128, 4)
+FP8_GEMV_CONFIG = (8, 512, 4)
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
@@ -96,6 +96,8 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
         return out.reshape(*x.shape[:-1], n)
     gemv = m <= GEMV_MAX_ROWS
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
+    if block[1] < k:
+        block_k = min(block_k, 1 << (block[1].bit_length() - 1))
     if gemv and (block[1] >= k or block[1] % block_k == 0):
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, weight, scale, out, n, k, x2.stride(0), weight.stride(0), scale.stride(0), scale.stride(1),

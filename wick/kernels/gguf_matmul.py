@@ -25,7 +25,7 @@ TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
 # Rows of W per program, blocks per step and warps of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
-Q4_K_GEMV_CONFIG = (4, 4, 4)
+Q4_K_GEMV_CONFIG = (8, 2, 2)
 
 
 @triton.jit

@@ -113,7 +113,7 @@ def _wna16_gemv_kernel(
 GEMV_MAX_ROWS = 8
 # Columns per program, input rows per step and warps of the contiguous-group GEMV
 # (benchmarks/kernels/bench_quant_gemv.py).
-WNA16_GEMV_CONFIG = (32, 128, 4)
+WNA16_GEMV_CONFIG = (64, 256, 2)
 
 
 def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
