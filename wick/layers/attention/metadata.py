@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,6 +39,15 @@ class AttentionMetadata:
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    @cached_property
+    def written(self) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(the tokens whose K/V go into the cache, None for all of them; their slots): once per forward."""
+        write = self.slot_mapping >= 0
+        if bool(write.all()):
+            return None, self.slot_mapping
+        tokens = write.nonzero().squeeze(1)
+        return tokens, self.slot_mapping.index_select(0, tokens)
 
 
 @dataclass

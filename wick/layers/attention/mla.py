@@ -44,8 +44,11 @@ class MLAAttention(nn.Module):
         """q_nope [T, H, nope], q_pe [T, H, rope] (rotated), latent [T, r] (normalised), k_pe [T, rope]
         (rotated), kv_b_weight [H * (nope + v), r]. Returns [T, H * v]."""
         metadata = get_forward_context().attn_metadata
-        write = metadata.slot_mapping >= 0
-        write_pages(self.kv_cache, metadata.slot_mapping[write], torch.cat((latent, k_pe), dim=-1)[write, None], 1.0)
+        tokens, slots = metadata.written
+        entries = torch.cat((latent, k_pe), dim=-1)
+        if tokens is not None:
+            entries = entries.index_select(0, tokens)
+        write_pages(self.kv_cache, slots, entries[:, None], 1.0)
 
         w = kv_b_weight.view(self.num_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         w_uk, w_uv = w.split([self.qk_nope_head_dim, self.v_head_dim], dim=1)

@@ -3,7 +3,8 @@
 A prompt with nothing cached attends over its own new keys with SDPA's causal kernel (no mask, no gather: on a
 CPU this is what keeps a long prefill linear in memory); a decode step needs no mask; a chunk after cached
 context or a sliding window gets an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
-(repeated copies only for soft-capping, which SDPA cannot do). An fp8 cache is converted back to the queries'
+(repeated copies only for soft-capping, which SDPA cannot do). SDPA gets 4-D inputs: with 3-D ones a CPU takes
+its unfused math path, 3-4x slower for a prompt and a decode step alike. An fp8 cache is converted back to the queries'
 dtype and scaled; a prompt then attends over its new keys as that cache holds them."""
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ class TorchAttentionBackend(AttentionBackend):
         v_scale: float = 1.0,
     ) -> torch.Tensor:
         _, block_size, num_kv_heads, head_dim = k_cache.shape
-        write = metadata.slot_mapping >= 0
-        slots = metadata.slot_mapping[write]
-        write_pages(k_cache, slots, k[write], k_scale)
-        write_pages(v_cache, slots, v[write], v_scale)
+        tokens, slots = metadata.written
+        written_k, written_v = (k, v) if tokens is None else (k.index_select(0, tokens), v.index_select(0, tokens))
+        write_pages(k_cache, slots, written_k, k_scale)
+        write_pages(v_cache, slots, written_v, v_scale)
         scaled = k_cache.dtype != q.dtype
         if scaled:
             k = to_cache(k, k_cache.dtype, k_scale).to(q.dtype) * k_scale
@@ -49,8 +50,8 @@ class TorchAttentionBackend(AttentionBackend):
             if query_len == seq_len and sliding_window is None and logits_soft_cap is None:
                 # A prompt with nothing cached: its own keys, causal (SDPA's fused kernel; no mask, no gather).
                 out[start:end] = F.scaled_dot_product_attention(
-                    q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
-                    is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
+                    q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None],
+                    v[start:end].transpose(0, 1)[None], is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
                 continue
             blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
             # index_select, not k_cache[blocks]: advanced indexing takes a slow path on a CPU (4x here).
@@ -74,7 +75,8 @@ class TorchAttentionBackend(AttentionBackend):
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
             soft_cap: float | None) -> torch.Tensor:
     if soft_cap is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=scale,
+                                              enable_gqa=True)[0]
     group = q.shape[0] // k.shape[0]
     k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
     scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
