@@ -37,15 +37,24 @@ def metadata_for(
         max_seq_len=max(seq_lens),
         query_start_loc_cpu=starts,
         seq_lens_cpu=seq_lens,
+        block_tables_cpu=tables,
     )
 
 
+@pytest.mark.parametrize("pages", ["scattered", "consecutive"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_prefill_chunk_and_decode_match_causal_sdpa(dtype: torch.dtype) -> None:
+def test_prefill_chunk_and_decode_match_causal_sdpa(dtype: torch.dtype, pages: str) -> None:
+    """Scattered pages are gathered; a request's consecutive pages are read through one view of the cache."""
     torch.manual_seed(0)
     seq_lens, query_lens = [1, 9, 17, 30], [1, 9, 5, 1]  # prefill, prefill, chunk over cached context, decode
-    free = torch.randperm(NUM_BLOCKS).tolist()
+    free = torch.randperm(NUM_BLOCKS).tolist() if pages == "scattered" else list(range(NUM_BLOCKS))[::-1]
     tables = [[free.pop() for _ in range(-(-n // BLOCK))] for n in seq_lens]
+    runs = metadata_for(seq_lens, query_lens, tables)
+    firsts = [runs.first_of_consecutive_pages(i, len(t)) for i, t in enumerate(tables)]
+    if pages == "consecutive":
+        assert firsts == [t[0] for t in tables]
+    else:
+        assert firsts[3] is None  # 8 pages of 64 in random order
     seqs = [[torch.randn(n, heads, D, dtype=dtype) for heads in (H, HKV, HKV)] for n in seq_lens]
     k_cache = torch.zeros(NUM_BLOCKS, BLOCK, HKV, D, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,19 @@ class AttentionMetadata:
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    # first_of_consecutive_pages' answers for this forward: (request, pages) -> first page or None.
+    _page_runs: dict[tuple[int, int], int | None] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def first_of_consecutive_pages(self, i: int, pages: int) -> int | None:
+        """Request i's first page where its first `pages` pages lie one after another in the cache (so one view
+        reads them, no gather), else None. Answered from block_tables_cpu once per forward."""
+        key = (i, pages)
+        if key not in self._page_runs:
+            row = self.block_tables_cpu[i][:pages] if self.block_tables_cpu is not None else []
+            consecutive = len(row) == pages and row == list(range(row[0], row[0] + pages))
+            self._page_runs[key] = row[0] if consecutive else None
+        return self._page_runs[key]
 
     @cached_property
     def written(self) -> tuple[torch.Tensor | None, torch.Tensor]:

@@ -1,7 +1,8 @@
 """Reference paged attention: gather each request's pages and run SDPA. Any dtype, any device.
 
 A prompt with nothing cached attends over its own new keys with SDPA's causal kernel (no mask, no gather: on a
-CPU this is what keeps a long prefill linear in memory); a decode step needs no mask; a chunk after cached
+CPU this is what keeps a long prefill linear in memory); a request whose pages lie one after another in the cache
+is read through a view of them, others through a gather; a decode step needs no mask; a chunk after cached
 context or a sliding window gets an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
 (repeated copies only for soft-capping, which SDPA cannot do). SDPA gets 4-D inputs: with 3-D ones a CPU takes
 its unfused math path, 3-4x slower for a prompt and a decode step alike. An fp8 cache is converted back to the queries'
@@ -53,10 +54,16 @@ class TorchAttentionBackend(AttentionBackend):
                     q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None],
                     v[start:end].transpose(0, 1)[None], is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
                 continue
-            blocks = metadata.block_tables[i, : -(-seq_len // block_size)]
-            # index_select, not k_cache[blocks]: advanced indexing takes a slow path on a CPU (4x here).
-            keys = as_storable(k_cache).index_select(0, blocks).flatten(0, 1)[:seq_len].view(k_cache.dtype)
-            values = as_storable(v_cache).index_select(0, blocks).flatten(0, 1)[:seq_len].view(v_cache.dtype)
+            pages = -(-seq_len // block_size)
+            first = metadata.first_of_consecutive_pages(i, pages)
+            if first is not None:
+                keys = k_cache[first:first + pages].flatten(0, 1)[:seq_len]
+                values = v_cache[first:first + pages].flatten(0, 1)[:seq_len]
+            else:
+                blocks = metadata.block_tables[i, :pages]
+                # index_select, not k_cache[blocks]: advanced indexing takes a slow path on a CPU (4x here).
+                keys = as_storable(k_cache).index_select(0, blocks).flatten(0, 1)[:seq_len].view(k_cache.dtype)
+                values = as_storable(v_cache).index_select(0, blocks).flatten(0, 1)[:seq_len].view(v_cache.dtype)
             if scaled:
                 keys, values = keys.to(q.dtype) * k_scale, values.to(q.dtype) * v_scale
             mask = None
