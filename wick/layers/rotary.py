@@ -120,14 +120,15 @@ class RotaryEmbedding(nn.Module):
             return rotary_embedding(positions, q, k, self.cos_sin_cache)
         cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         if self.is_neox and self.rotary_dim == self.head_size:
-            # Whole heads: x * [cos, cos] + [x2, x1] * [-sin, sin], four ops a tensor instead of a dozen.
+            # Whole heads: x * [cos, cos] + [x2, x1] * [-sin, sin], four ops a tensor instead of a dozen, and
+            # the same roundings as x1 * cos - x2 * sin, x2 * cos + x1 * sin (the Triton kernel's).
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
             return self._rotate_whole(q, cos, sin), self._rotate_whole(k, cos, sin)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
     def _rotate_whole(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         heads = x.view(x.shape[0], -1, self.head_size)
-        return torch.addcmul(heads * cos, heads.roll(self.head_size // 2, dims=-1), signed_sin).view(x.shape)
+        return (heads * cos + heads.roll(self.head_size // 2, dims=-1) * signed_sin).view(x.shape)
 
 
 def _longrope(head_size: int, dim: int, max_position: int, base: float, scaling: dict[str, Any],
