@@ -4,9 +4,12 @@ A prompt with nothing cached attends over its own new keys with SDPA's causal ke
 CPU this is what keeps a long prefill linear in memory); a request whose pages lie one after another in the cache
 is read through a view of them, others through a gather; a decode step needs no mask; a chunk after cached
 context or a sliding window gets an explicit mask. Grouped-query heads are SDPA's `enable_gqa`
-(repeated copies only for soft-capping, which SDPA cannot do). SDPA gets 4-D inputs: with 3-D ones a CPU takes
-its unfused math path, 3-4x slower for a prompt and a decode step alike. An fp8 cache is converted back to the queries'
-dtype and scaled; a prompt then attends over its new keys as that cache holds them."""
+(repeated copies only for soft-capping, which SDPA cannot do). Attention over the cache gets 4-D inputs: with 3-D
+ones a CPU takes SDPA's unfused math path, 4-5x slower for a decode step. A whole prompt keeps the 3-D math path:
+the fused kernel is 3x faster there, but its last bits flip the default model's near-tied first answer token to
+the README's question (" The" by 0.08 in logprob on the math path, " La" by 0.01 on the fused one). An fp8 cache
+is converted back to the queries' dtype and scaled; a prompt then attends over its new keys as that cache holds
+them."""
 
 from __future__ import annotations
 
@@ -51,8 +54,8 @@ class TorchAttentionBackend(AttentionBackend):
             if query_len == seq_len and sliding_window is None and logits_soft_cap is None:
                 # A prompt with nothing cached: its own keys, causal (SDPA's fused kernel; no mask, no gather).
                 out[start:end] = F.scaled_dot_product_attention(
-                    q[start:end].transpose(0, 1)[None], k[start:end].transpose(0, 1)[None],
-                    v[start:end].transpose(0, 1)[None], is_causal=True, scale=scale, enable_gqa=True)[0].transpose(0, 1)
+                    q[start:end].transpose(0, 1), k[start:end].transpose(0, 1), v[start:end].transpose(0, 1),
+                    is_causal=True, scale=scale, enable_gqa=True).transpose(0, 1)
                 continue
             pages = -(-seq_len // block_size)
             first = metadata.first_of_consecutive_pages(i, pages)
