@@ -4,22 +4,32 @@ and against the GPU's measured bf16 matmul peak and copy bandwidth.
 
 For each token count: microseconds per call (CUDA graph), the expert FLOPs done per second and their share
 of the measured bf16 matmul peak (what matters for throughput), and the bytes of the experts actually hit
-per second and their share of the copy bandwidth (what matters for decode).
+per second and their share of the copy bandwidth (what matters for decode). `--sweep` times every tile
+shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
+    python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 
 import torch
 from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment
-from wick.kernels.fused_moe import fused_experts
+from wick.kernels.fused_moe import fused_experts, moe_config
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): small row tiles for few pairs an expert, wgmma-sized ones for many.
+SWEEP = {
+    "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256], [4], [3, 4, 5])),
+    "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
+}
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 8192) -> float:
@@ -39,6 +49,8 @@ def main() -> None:
     parser.add_argument("--intermediate-size", type=int, default=768)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--skip-reference", action="store_true")
+    parser.add_argument("--sweep", action="store_true")
+    parser.add_argument("--json", default=None, help="write the sweep's timings here")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
@@ -49,6 +61,8 @@ def main() -> None:
     expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
     print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
           f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
+    if args.sweep:
+        sweep(args.tokens, w13, w2, e, k, h, dtype, args.json)
     print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
@@ -64,6 +78,31 @@ def main() -> None:
         seconds = ms / 1e3
         print(f"{tokens} | {ms * 1e3:.1f} | {ref * 1e3:.1f} | {flops / seconds / 1e12:.1f} | "
               f"{flops / seconds / peak:.0%} | {hit} | {read / seconds / 1e9:.0f} | {read / seconds / bandwidth:.0%}")
+
+
+def sweep(token_counts: list[int], w13: torch.Tensor, w2: torch.Tensor, experts: int, top_k: int, hidden: int,
+          dtype: torch.dtype, json_path: str | None) -> None:
+    """Every config of SWEEP at every token count: the default's and the best's microseconds."""
+    results = {}
+    for tokens in token_counts:
+        x = torch.randn(tokens, hidden, dtype=dtype, device="cuda")
+        weights, ids = select_experts(torch.randn(tokens, experts, device="cuda"), top_k, renormalize=True)
+        timings = {}
+        for config in SWEEP["small" if tokens * top_k <= 512 else "large"] + [moe_config(tokens * top_k, dtype)]:
+            try:
+                fused_experts(x, w13, w2, weights, ids, config)
+                timings[str(config)] = do_bench_cudagraph(
+                    lambda x=x, weights=weights, ids=ids, config=config: fused_experts(x, w13, w2, weights, ids,
+                                                                                       config)) * 1e3
+            except Exception as error:  # a tile too large for the shared memory
+                print(f"{tokens} tokens {config}: {type(error).__name__}")
+        default = str(moe_config(tokens * top_k, dtype))
+        best = min(timings, key=timings.get)
+        print(f"sweep {tokens} tokens: default {default} {timings[default]:.1f} us, best {best} {timings[best]:.1f} us")
+        results[tokens] = {"default": default, "best": best, "timings": timings}
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,9 @@ from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 GROUP = 128
 SWEEPS = {
-    "q4_k": [(n, b, w) for n, b, w in itertools.product([1, 2, 4, 8, 16], [1, 2, 4, 8], [2, 4, 8]) if 2 <= n * b <= 16],
-    "gptq": list(itertools.product([16, 32, 64], [64, 128, 256], [2, 4, 8])),
-    "fp8": list(itertools.product([4, 8, 16, 32], [128, 256, 512], [2, 4, 8])),
+    "q4_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2])),
+    "gptq": list(itertools.product([32, 64, 128], [128, 256], [2, 4])),
+    "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
 }
 DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wick.kernels import fused_moe
 from wick.kernels.fused_moe import fused_experts, moe_align
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
@@ -29,6 +30,14 @@ def make_case(num_tokens: int, num_experts: int, top_k: int, hidden: int, inter:
 @pytest.mark.parametrize(("num_tokens", "num_experts", "top_k"), [(1, 8, 2), (5, 8, 3), (40, 6, 2), (70, 16, 4)])
 def test_matches_reference_fp32(num_tokens: int, num_experts: int, top_k: int) -> None:
     case = make_case(num_tokens, num_experts, top_k, hidden=32, inter=48, dtype=torch.float32)
+    torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("direct_max_pairs", [0, 1 << 20])
+def test_direct_and_sorted_tiles_match_reference(monkeypatch: pytest.MonkeyPatch, direct_max_pairs: int) -> None:
+    """Both tilings on one case whose tokens share experts: a tile a pair, and pairs sorted by expert."""
+    monkeypatch.setattr(fused_moe, "DIRECT_MAX_PAIRS", direct_max_pairs)
+    case = make_case(12, 4, 2, hidden=32, inter=48, dtype=torch.float32)
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
 
 

@@ -7,7 +7,8 @@ columns together from w13 and writes silu(gate) * up; the second multiplies by w
 weight. The top-k partial outputs of each token are then summed. Accumulation is in fp32.
 
 The grid is sized by an upper bound on the padded row count (pairs / BLOCK_M + min(pairs, experts)
-tiles); tiles past the real count return at once, so the launch depends on the shapes only.
+tiles); tiles past the real count return at once, so the launch depends on the shapes only. With few
+pairs (decode) each pair gets a tile of its own instead and nothing is sorted.
 """
 
 from __future__ import annotations
@@ -22,18 +23,23 @@ def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
     N, K, num_pairs,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, DIRECT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """C[pair, n] = (A[pair // A_ROW_DIV] @ B[expert].T)[n]: GATED reads columns n and N + n of B (gate and
-    up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight."""
+    up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
+    holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
+    if DIRECT:
+        pairs = pid_m + tl.zeros([BLOCK_M], dtype=tl.int64)
+        valid = tl.arange(0, BLOCK_M) == 0
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        valid = pairs < num_pairs
     expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
-    pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    valid = pairs < num_pairs
     a_rows = pairs // A_ROW_DIV
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -88,16 +94,33 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     return sorted_ids, block_expert, ends[-1:].to(torch.int32)
 
 
-def _block_sizes(num_pairs: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K): small row tiles when each expert gets few rows (decode)."""
-    block_m = 16 if num_pairs <= 256 else 64
-    return block_m, 64, 64 if dtype != torch.float32 else 32
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of both GEMMs by the most (token, expert) pairs they serve
+# (benchmarks/kernels/bench_fused_moe.py --sweep); past the last bound, the last config.
+MOE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (256, (16, 64, 64, 4, 3)),
+    (4096, (64, 64, 64, 4, 3)),
+    (1 << 62, (128, 128, 64, 8, 3)),
+]
+
+
+# Up to this many (token, expert) pairs each pair takes a tile of its own: no sorting kernels before the GEMMs
+# (they cost more than the GEMMs at decode), at the price of reading an expert once per pair that chose it.
+DIRECT_MAX_PAIRS = 64
+
+
+def moe_config(num_pairs: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    config = next(c for bound, c in MOE_CONFIGS if num_pairs <= bound)
+    if dtype == torch.float32:  # a float32 tile takes twice the shared memory a step
+        block_m, block_n, block_k, warps, stages = config
+        return block_m, block_n, min(block_k, 32), warps, stages
+    return config
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor) -> torch.Tensor:
+                  topk_ids: torch.Tensor, config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (fp32),
-    topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype."""
+    topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype.
+    config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
     inter = two_i // 2
@@ -105,8 +128,13 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.zeros_like(x)
-    block_m, block_n, block_k = _block_sizes(num_pairs, x.dtype)
-    sorted_ids, block_expert, num_padded = moe_align(topk_ids, num_experts, block_m)
+    block_m, block_n, block_k, warps, stages = config or moe_config(num_pairs, x.dtype)
+    direct = num_pairs <= DIRECT_MAX_PAIRS
+    if direct:
+        block_expert = topk_ids.flatten()
+        sorted_ids = num_padded = block_expert
+    else:
+        sorted_ids, block_expert, num_padded = moe_align(topk_ids, num_experts, block_m)
     num_blocks = block_expert.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     weights = topk_weights.to(torch.float32).contiguous()
@@ -116,8 +144,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         inter, hidden, num_pairs,
         x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
         hidden_mid.stride(0), hidden_mid.stride(1),
-        A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False,
+        A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False, DIRECT=direct,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision,
+        num_warps=warps, num_stages=stages,
     )
     out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
     _moe_gemm_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
@@ -125,7 +154,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         hidden, inter, num_pairs,
         hidden_mid.stride(0), hidden_mid.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
         out.stride(0), out.stride(1),
-        A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True,
+        A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, DIRECT=direct,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision,
+        num_warps=warps, num_stages=stages,
     )
     return out.view(num_tokens, top_k, hidden).sum(dim=1)

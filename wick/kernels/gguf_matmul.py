@@ -25,7 +25,7 @@ TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
 # Rows of W per program, blocks per step and warps of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
-Q4_K_GEMV_CONFIG = (8, 2, 2)
+Q4_K_GEMV_CONFIG = (4, 2, 1)
 
 
 @triton.jit
@@ -158,63 +158,56 @@ def _gguf_matmul_kernel(
 def _q4_k_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_xm, row_words, stride_om,
                       BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
     """x @ W^T for one row of x and BLOCK_N rows of Q4_K W, BLOCK_B blocks a step, the blocks read as
-    int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word 4 + 8j + i holds elements
-    64j + 4i .. 64j + 4i + 3 in its low nibbles and the 32 after them in its high nibbles; each
-    sub-block's dot product is summed before its scale is applied, and its min times the sum of x."""
+    int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word 4 + 8j + i holds in byte b the
+    elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b (high nibble, sub-block
+    2j + 1). Every step works on [rows, 8 words] tiles as loaded: each sub-block's products are
+    summed per word before its scale applies, and its min takes the sum of x."""
     words = w_ptr.to(tl.pointer_type(tl.int32))
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
-    row_base = tl.where(n_mask, rows, 0).to(tl.int64)[:, None] * row_words
+    row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
     x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
-    word = tl.arange(0, 32)
-    shift = 8 * tl.arange(0, 4)
-    # The offset in its block of the element in each word's byte's low nibble, as [pair j, 32].
-    lane = tl.reshape((64 * (word // 8) + 4 * (word % 8))[:, None] + tl.arange(0, 4)[None, :], [4, 32])
-    sub = tl.arange(0, 4)
-    blocks = K // 256
-    acc = tl.zeros([BLOCK_N, BLOCK_B], dtype=tl.float32)
-    for b0 in range(0, blocks, BLOCK_B):
-        blk = b0 + tl.arange(0, BLOCK_B)
-        b_mask = blk < blocks
-        block = row_base + blk[None, :] * 36
-        head = tl.load(words + block, mask=b_mask[None, :], other=0)
-        codes = tl.load(words + block[:, :, None] + 4 + word[None, None, :], mask=b_mask[None, :, None], other=0)
-        x_at = x_row + blk[:, None, None] * 256 + lane[None, :, :]
-        x_lo = tl.load(x_at, mask=b_mask[:, None, None], other=0.0).to(tl.float32)
-        x_hi = tl.load(x_at + 32, mask=b_mask[:, None, None], other=0.0).to(tl.float32)
-        nibbles = codes[:, :, :, None] >> shift[None, None, None, :]
-        q_lo = tl.reshape(((nibbles & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0,
-                          [BLOCK_N, BLOCK_B, 4, 32])
-        q_hi = tl.reshape((((nibbles >> 4) & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0,
-                          [BLOCK_N, BLOCK_B, 4, 32])
-        dot_lo = tl.sum(q_lo * x_lo[None, :, :, :], axis=3)
-        dot_hi = tl.sum(q_hi * x_hi[None, :, :, :], axis=3)
-        a = tl.load(words + block + 1, mask=b_mask[None, :], other=0)[:, :, None]
-        m = tl.load(words + block + 2, mask=b_mask[None, :], other=0)[:, :, None]
-        c = tl.load(words + block + 3, mask=b_mask[None, :], other=0)[:, :, None]
-        scale_lo, min_lo = _k_scale_min_words(a, m, c, 2 * sub)
-        scale_hi, min_hi = _k_scale_min_words(a, m, c, 2 * sub + 1)
-        sum_lo = tl.sum(x_lo, axis=2)
-        sum_hi = tl.sum(x_hi, axis=2)
-        d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-        acc += d * tl.sum(scale_lo * dot_lo + scale_hi * dot_hi, axis=2) \
-            - dmin * tl.sum(min_lo * sum_lo[None, :, :] + min_hi * sum_hi[None, :, :], axis=2)
+    lane = tl.arange(0, 8)
+    acc = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
+    for b0 in range(0, K // 256, BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            block = row_base + (b0 + bb) * 36
+            head = tl.load(words + block)
+            d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            dmin = ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            a = tl.load(words + block + 1)
+            m = tl.load(words + block + 2)
+            c = tl.load(words + block + 3)
+            x_block = x_row + (b0 + bb) * 256
+            for j in tl.static_range(4):
+                codes = tl.load(words + block[:, None] + 4 + 8 * j + lane[None, :])
+                for h in tl.static_range(2):
+                    scale, minimum = _k_scale_min_word(a, m, c, 2 * j + h)
+                    dot = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
+                    x_sum = tl.zeros([8], dtype=tl.float32)
+                    for b in tl.static_range(4):
+                        x = tl.load(x_block + 64 * j + 32 * h + 4 * lane + b).to(tl.float32)
+                        q = ((codes >> (8 * b + 4 * h)) & 15) | 0x4B000000
+                        dot += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[None, :]
+                        x_sum += x
+                    acc += (d * scale)[:, None] * dot - (dmin * minimum)[:, None] * x_sum[None, :]
     out = tl.sum(acc, axis=1)
     tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
-def _k_scale_min_words(a, m, c, sub):
-    """The 6-bit scales and mins of sub-blocks `sub` (a vector in 0..7) from a Q4_K block's scale words
-    a, m, c (bytes 4-7, 8-11, 12-15 of the block)."""
-    shift = 8 * (sub % 4)[None, None, :]
-    a_byte = (a >> shift) & 255
-    m_byte = (m >> shift) & 255
-    c_byte = (c >> shift) & 255
-    low = (sub < 4)[None, None, :]
-    scale = tl.where(low, a_byte & 63, (c_byte & 15) | ((a_byte >> 6) << 4))
-    minimum = tl.where(low, m_byte & 63, (c_byte >> 4) | ((m_byte >> 6) << 4))
+def _k_scale_min_word(a, m, c, sub: tl.constexpr):
+    """The 6-bit scale and min of sub-block `sub` from a Q4_K block's scale words a, m, c (bytes 4-7, 8-11
+    and 12-15 of the block), as floats."""
+    if sub < 4:
+        scale = (a >> (8 * sub)) & 63
+        minimum = (m >> (8 * sub)) & 63
+    else:
+        a_byte = (a >> (8 * (sub - 4))) & 255
+        m_byte = (m >> (8 * (sub - 4))) & 255
+        c_byte = (c >> (8 * (sub - 4))) & 255
+        scale = (c_byte & 15) | ((a_byte >> 6) << 4)
+        minimum = (c_byte >> 4) | ((m_byte >> 6) << 4)
     return scale.to(tl.float32), minimum.to(tl.float32)
 
 
@@ -245,6 +238,8 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     gemv = m <= GEMV_MAX_ROWS
     if gemv and qtype == T.Q4_K and q4_k_words_ok(data):
         block_n, block_b, warps = gemv_config or Q4_K_GEMV_CONFIG
+        while (k // 256) % block_b:
+            block_b //= 2
         _q4_k_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, data, out, n, k, x2.stride(0), data.stride(0) // 4, out.stride(0),
             BLOCK_N=block_n, BLOCK_B=block_b, num_warps=warps)

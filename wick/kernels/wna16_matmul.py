@@ -81,16 +81,17 @@ def _wna16_kernel(
 @triton.jit
 def _wna16_gemv_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, GROUP, stride_xm, stride_om,
-    BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_GROUP: tl.constexpr,
 ):
-    """One row of x against BLOCK_N columns of W whose groups are contiguous (row k in group k // GROUP):
-    each word's fields are summed against x before the word's group scale and zero point apply."""
+    """One row of x against BLOCK_N columns of W whose groups are contiguous (row k in group k // GROUP).
+    Every step works on the [words, columns] tile as loaded: field by field, each word's fields are summed
+    against x before the word's group scale and zero point apply (once per step where ONE_GROUP: the step
+    lies in one group); the tile's rows are summed once at the end."""
     PACK: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PACK
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     word_rows = tl.arange(0, WORDS)
-    fields = tl.arange(0, PACK)
     x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
     acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -98,14 +99,22 @@ def _wna16_gemv_kernel(
         w_mask = w_rows < K // PACK
         mask = w_mask[:, None] & n_mask[None, :]
         words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
-        q = (words[:, None, :] >> (fields * BITS)[None, :, None]) & ((1 << BITS) - 1)
-        q = (q | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-        x = tl.load(x_row + w_rows[:, None] * PACK + fields[None, :], mask=w_mask[:, None], other=0.0).to(tl.float32)
-        dot = tl.sum(q * x[:, :, None], axis=1)
-        offsets = ((w_rows * PACK) // GROUP).to(tl.int64)[:, None] * N + cols[None, :]
-        scale = tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        acc += scale * (dot - zero * tl.sum(x, axis=1)[:, None])
+        dot = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
+        x_sum = tl.zeros([WORDS], dtype=tl.float32)
+        for field in tl.static_range(PACK):
+            x = tl.load(x_row + w_rows * PACK + field, mask=w_mask, other=0.0).to(tl.float32)
+            q = ((words >> (field * BITS)) & ((1 << BITS) - 1)) | 0x4B000000
+            dot += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[:, None]
+            x_sum += x
+        if ONE_GROUP:
+            offsets = (k0 // GROUP) * N + cols
+            scale = tl.load(scales_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+            zero = tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            offsets = ((w_rows * PACK) // GROUP).to(tl.int64)[:, None] * N + cols[None, :]
+            scale = tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+        acc += scale * (dot - zero * x_sum[:, None])
     out = tl.sum(acc, axis=0)
     tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
@@ -113,7 +122,7 @@ def _wna16_gemv_kernel(
 GEMV_MAX_ROWS = 8
 # Columns per program, input rows per step and warps of the contiguous-group GEMV
 # (benchmarks/kernels/bench_quant_gemv.py).
-WNA16_GEMV_CONFIG = (64, 256, 2)
+WNA16_GEMV_CONFIG = (32, 256, 4)
 
 
 def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
@@ -135,7 +144,7 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         block_n, block_k, warps = gemv_config or WNA16_GEMV_CONFIG
         _wna16_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, qweight, scales, zeros, out, n, k, group, x2.stride(0), out.stride(0),
-            BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+            BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0, num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 64
     block_n = 64 if gemv else 64
