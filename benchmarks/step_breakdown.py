@@ -39,7 +39,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--profile-steps", type=int, default=0,
-                        help="then run this many steps under the torch profiler and print where the host's time goes")
+                        help="then run this many steps under the torch profiler and print where the time goes")
+    parser.add_argument("--profile-sort", default="self_cpu_time_total",
+                        help="the profiler table's order: self_cpu_time_total (the host) or self_cuda_time_total")
     args = parser.parse_args()
     print_environment()
     StepChannel.send = _timed(StepChannel.send, "sending the step to the other ranks")
@@ -73,7 +75,7 @@ def main() -> None:
         with torch.profiler.profile(activities=activities) as profile:
             llm.generate(prompts, params)
         print(f"torch profiler, {args.profile_steps} steps (times in total):")
-        print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+        print(profile.key_averages().table(sort_by=args.profile_sort, row_limit=30, max_name_column_width=60))
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of both GEMMs by the most (token, expert) pairs they serve
 # (benchmarks/kernels/bench_fused_moe.py --sweep); past the last bound, the last config.
 MOE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 64, 4, 3)),
+    (256, (16, 64, 128, 4, 3)),
     (4096, (64, 64, 64, 4, 3)),
     (1 << 62, (128, 128, 64, 8, 3)),
 ]

@@ -106,11 +106,17 @@ class FusedMoE(nn.Module):
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 correction_bias: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
-        weights, ids = select_experts(
-            router_logits, spec.top_k, spec.renormalize, spec.scoring, spec.num_expert_group, spec.topk_group,
-            spec.group_score, correction_bias, spec.routed_scaling_factor)
-        if x.is_cuda:
+        if x.is_cuda and (spec.num_expert_group or 1) == 1:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+            from wick.kernels.topk_routing import topk_routing
+
+            weights, ids = topk_routing(router_logits, spec.top_k, spec.renormalize, spec.scoring, correction_bias,
+                                        spec.routed_scaling_factor)
+        else:
+            weights, ids = select_experts(
+                router_logits, spec.top_k, spec.renormalize, spec.scoring, spec.num_expert_group, spec.topk_group,
+                spec.group_score, correction_bias, spec.routed_scaling_factor)
+        if x.is_cuda:
             from wick.kernels.fused_moe import fused_experts
 
             out = fused_experts(x, self.w13_weight, self.w2_weight, weights, ids)
