@@ -41,10 +41,12 @@ def metadata_for(
     )
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "allocated"])
 @pytest.mark.parametrize("pages", ["scattered", "consecutive"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_prefill_chunk_and_decode_match_causal_sdpa(dtype: torch.dtype, pages: str) -> None:
-    """Scattered pages are gathered; a request's consecutive pages are read through one view of the cache."""
+def test_prefill_chunk_and_decode_match_causal_sdpa(dtype: torch.dtype, pages: str, layout: str) -> None:
+    """Scattered pages are gathered; a request's consecutive pages are read through one view of the cache;
+    in a plain contiguous cache and in the head-major one the backend allocates."""
     torch.manual_seed(0)
     seq_lens, query_lens = [1, 9, 17, 30], [1, 9, 5, 1]  # prefill, prefill, chunk over cached context, decode
     free = torch.randperm(NUM_BLOCKS).tolist() if pages == "scattered" else list(range(NUM_BLOCKS))[::-1]
@@ -56,9 +58,13 @@ def test_prefill_chunk_and_decode_match_causal_sdpa(dtype: torch.dtype, pages: s
     else:
         assert firsts[3] is None  # 8 pages of 64 in random order
     seqs = [[torch.randn(n, heads, D, dtype=dtype) for heads in (H, HKV, HKV)] for n in seq_lens]
-    k_cache = torch.zeros(NUM_BLOCKS, BLOCK, HKV, D, dtype=dtype)
-    v_cache = torch.zeros_like(k_cache)
     backend, scale = TorchAttentionBackend(), D**-0.5
+    if layout == "contiguous":
+        k_cache, v_cache = (torch.zeros(NUM_BLOCKS, BLOCK, HKV, D, dtype=dtype) for _ in range(2))
+    else:
+        k_cache, v_cache = (backend.allocate_kv_cache((NUM_BLOCKS, BLOCK, HKV, D), dtype, torch.device("cpu"))
+                            for _ in range(2))
+        assert k_cache.shape == (NUM_BLOCKS, BLOCK, HKV, D) and k_cache.stride(2) == NUM_BLOCKS * BLOCK * D
 
     # the cached context goes in first, through the backend's own writes
     cached = [n - q for n, q in zip(seq_lens, query_lens, strict=True)]

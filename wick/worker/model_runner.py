@@ -164,7 +164,7 @@ class ModelRunner:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         for layer in self.attention_layers:
-            layer.bind_kv_cache([torch.zeros(shape, dtype=self.config.kv_cache_dtype, device=self.device)
+            layer.bind_kv_cache([self.backend.allocate_kv_cache(shape, self.config.kv_cache_dtype, self.device)
                                  for shape in layer.kv_cache_shapes(num_blocks, self.block_size)])
 
     def capture_cuda_graphs(self) -> None:

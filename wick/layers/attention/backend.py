@@ -15,6 +15,11 @@ class AttentionBackend(ABC):
     # replayed after prepare() with another step's metadata.
     supports_cuda_graph: bool = False
 
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A zeroed cache of `shape` ([num_blocks, block_size, Hkv, D]), laid out in memory as this backend
+        reads it best."""
+        return torch.zeros(shape, dtype=dtype, device=device)
+
     def prepare(self, metadata: AttentionMetadata) -> None:  # noqa: B027 - a hook, deliberately a no-op here
         """Called once per step, outside any CUDA graph capture, with the metadata object the step's
         forward() calls then receive (a replayed graph calls none): the place for host-side planning."""

@@ -9,7 +9,9 @@ ones a CPU takes SDPA's unfused math path, 4-5x slower for a decode step. A whol
 the fused kernel is 3x faster there, but its last bits flip the default model's near-tied first answer token to
 the README's question (" The" by 0.08 in logprob on the math path, " La" by 0.01 on the fused one). An fp8 cache
 is converted back to the queries' dtype and scaled; a prompt then attends over its new keys as that cache holds
-them."""
+them. The cache is [num_blocks, block_size, Hkv, D] in shape but head-major in memory ([Hkv, num_blocks,
+block_size, D] permuted): each head's keys in consecutive pages are one contiguous run, which SDPA streams
+1.6-1.8x faster than positions Hkv * D apart once the cache no longer fits the CPU's caches."""
 
 from __future__ import annotations
 
@@ -22,6 +24,11 @@ from wick.layers.attention.metadata import AttentionMetadata
 
 
 class TorchAttentionBackend(AttentionBackend):
+    def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        num_blocks, block_size, num_kv_heads, head_dim = shape
+        head_major = torch.zeros(num_kv_heads, num_blocks, block_size, head_dim, dtype=dtype, device=device)
+        return head_major.permute(1, 2, 0, 3)
+
     def forward(
         self,
         q: torch.Tensor,
