@@ -1,9 +1,10 @@
 """CPU prefill and decode speed of wick against llama.cpp (llama-cpp-python) on the same GGUF file, in one run.
 
 For each prompt length: the time to prefill a prompt of random token ids (seed 0; the prefix cache off, so every
-run computes the whole prompt), and greedy decode tokens per second over `--decode-tokens` tokens after it
-(EOS ignored). Both engines use the same number of threads (torch's) and are timed back to back in each of
-`--repeats` rounds; prints each figure's median and the median of the rounds' wick / llama.cpp ratios.
+run computes the whole prompt) up to its first token, and greedy decode tokens per second over the
+`--decode-tokens` tokens after it (EOS ignored), both timed within one request. Both engines use the same
+number of threads (torch's) and are timed back to back in each of `--repeats` rounds; prints each figure's
+median and the median of the rounds' wick / llama.cpp ratios.
 
     pip install llama-cpp-python
     python -m benchmarks.cpu                                   # the default model (SmolLM2-135M-Instruct Q4_1)
@@ -40,18 +41,27 @@ class Wick:
         from wick import LLM, SamplingParams
 
         self.llm = LLM(model, max_model_len=max_model_len, enable_prefix_caching=False, device="cpu")
-        self.one = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
-        self.many = SamplingParams(max_tokens=decode_tokens + 1, temperature=0.0, ignore_eos=True)
+        self.params = SamplingParams(max_tokens=decode_tokens + 1, temperature=0.0, ignore_eos=True)
         self.decode_tokens = decode_tokens
-        self.llm.generate({"prompt_token_ids": list(range(100, 132))}, self.one)  # warm-up
+        self.requests = 0
+        self.llm.generate({"prompt_token_ids": list(range(100, 132))}, self.params)  # warm-up
 
     def measure(self, ids: list[int]) -> Figures:
+        """One request through the engine core, as llama.cpp's is timed: the steps up to its first token
+        (prefill), then the steps of the next decode_tokens tokens."""
+        from wick.engine.protocol import EngineCoreRequest
+
+        core = self.llm.core
+        self.requests += 1
+        core.add_request(EngineCoreRequest(f"bench-{self.requests}", ids, self.params))
         start = time.perf_counter()
-        self.llm.generate({"prompt_token_ids": ids}, self.one)
+        while not any(o.new_token_ids for o in core.step()):
+            pass
         prefill = time.perf_counter() - start
         start = time.perf_counter()
-        self.llm.generate({"prompt_token_ids": ids}, self.many)
-        return Figures(prefill, self.decode_tokens / (time.perf_counter() - start - prefill))
+        while core.has_unfinished_requests():
+            core.step()
+        return Figures(prefill, self.decode_tokens / (time.perf_counter() - start))
 
 
 class LlamaCpp:

@@ -130,7 +130,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         return torch.zeros_like(x)
     block_m, block_n, block_k, warps, stages = config or moe_config(num_pairs, x.dtype)
     direct = num_pairs <= DIRECT_MAX_PAIRS
-    if direct:
+    if direct:  # tile i is pair i: its expert is topk_ids' element i (the kernel reads no sorted ids or count)
         block_expert = topk_ids.flatten()
         sorted_ids = num_padded = block_expert
     else:
