@@ -16,6 +16,7 @@ from transformers import (
     MixtralConfig,
     Phi3Config,
     PretrainedConfig,
+    PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2MoeConfig,
     Qwen3Config,
@@ -131,6 +132,16 @@ def build_pair(config: PretrainedConfig) -> tuple[torch.nn.Module, torch.nn.Modu
     loaded = ours.load_weights(hf.state_dict().items())
     assert loaded == {name for name, _ in ours.named_parameters()}
     return hf, ours
+
+
+def word_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
+    """A tokenizer of vocab_size made-up words ("w0" ...), for tests that feed token ids: no model file needed
+    (the default model's 94 MB GGUF is more than a GPU run can carry)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab_size)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0", eos_token="w2")
 
 
 def prompts(vocab_size: int) -> list[list[int]]:

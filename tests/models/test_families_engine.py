@@ -4,12 +4,10 @@ equal HF transformers' with chunked prefill, under preemption, and again after p
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
-from hf_configs import hf_configs, hf_model
-from transformers import AutoTokenizer
+from hf_configs import hf_configs, hf_model, word_tokenizer
 
 from wick import LLM, SamplingParams
 
@@ -22,10 +20,10 @@ FAMILIES = ["gemma2", "qwen2_moe", "mixtral", "deepseek_v3", "mistral_window"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def model_and_reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-                        smollm2_gguf: str) -> tuple[str, list[list[int]], list[list[int]]]:
+def model_and_reference(request: pytest.FixtureRequest,
+                        tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[list[int]], list[list[int]]]:
     folder = tmp_path_factory.mktemp(request.param)
-    tokenizer = AutoTokenizer.from_pretrained(Path(smollm2_gguf).parent, gguf_file=Path(smollm2_gguf).name)
+    tokenizer = word_tokenizer(49152)  # the vocabulary size of the default model, whose tokenizer this was
     config = copy.deepcopy(hf_configs()[request.param])
     config.vocab_size = len(tokenizer)
     config.architectures = None
