@@ -11,7 +11,7 @@ the README's question (" The" by 0.08 in logprob on the math path, " La" by 0.01
 is converted back to the queries' dtype and scaled; a prompt then attends over its new keys as that cache holds
 them. The cache is [num_blocks, block_size, Hkv, D] in shape but head-major in memory ([Hkv, num_blocks,
 block_size, D] permuted): each head's keys in consecutive pages are one contiguous run, which SDPA streams
-1.6-1.8x faster than positions Hkv * D apart once the cache no longer fits the CPU's caches."""
+1.9x faster than positions Hkv * D apart once the cache no longer fits the CPU's caches (docs/cpu.md)."""
 
 from __future__ import annotations
 
