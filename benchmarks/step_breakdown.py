@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--quantization", "-q", default=None, help="weights quantized at load, e.g. q4_k, gptq, fp8")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="then run this many steps under the torch profiler and print where the time goes")
@@ -48,7 +49,8 @@ def main() -> None:
     Worker.execute_and_sample = _timed(Worker.execute_and_sample, "whole step on rank 0")
     llm = LLM(args.model, load_format="dummy", max_model_len=1024, max_num_seqs=max(16, args.batch_size),
               attention_backend=args.attention_backend, enforce_eager=args.enforce_eager,
-              tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling)
+              tensor_parallel_size=args.tensor_parallel_size, async_scheduling=args.async_scheduling,
+              quantization=args.quantization)
     core, runner = llm.core, llm.core.executor.worker.runner
     core.step = _timed(core.step, "whole engine step")
     core.scheduler.schedule = _timed(core.scheduler.schedule, "schedule")
@@ -68,7 +70,10 @@ def main() -> None:
           f"{args.batch_size * args.output_len / elapsed:,.0f} tokens/s, "
           f"{elapsed / args.output_len * 1e3:.2f} ms per step")
     for key, values in _times.items():
-        print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step ({len(values)} calls)")
+        ordered = sorted(values)
+        median = ordered[len(values) // 2]
+        print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step (median {median * 1e6:,.0f}, "
+              f"max {ordered[-1] * 1e6:,.0f}; {len(values)} calls)")
     if args.profile_steps:
         params = SamplingParams(max_tokens=args.profile_steps, ignore_eos=True, temperature=0.0)
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from wick.layers.attention.encoder import PaddedLayout
+from wick.layers.attention.encoder import PaddedLayout, VarlenLayout, encoder_layout
 from wick.layers.attention.metadata import get_forward_context
 from wick.layers.linear import ColumnParallelLinear, QKVParallelLinear, RowParallelLinear, default_weight_loader
 from wick.layers.norm import LayerNorm
@@ -57,7 +57,7 @@ class BertSelfAttention(nn.Module):
                                           config.num_attention_heads, bias=True)
         self.num_heads = self.qkv_proj.num_heads
 
-    def forward(self, x: torch.Tensor, layout: PaddedLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: PaddedLayout | VarlenLayout) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).view(-1, 3, self.num_heads, self.head_dim).unbind(1)
         return layout.attend(q, k, v, self.head_dim**-0.5).flatten(1)
 
@@ -80,7 +80,7 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config)  # the checkpoint's name
         self.output = BertOutput(config.hidden_size, config)
 
-    def forward(self, x: torch.Tensor, layout: PaddedLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: PaddedLayout | VarlenLayout) -> torch.Tensor:
         return self.output(self.self(x, layout), x)
 
 
@@ -103,7 +103,7 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(config)
         self.output = BertOutput(config.intermediate_size, config)
 
-    def forward(self, x: torch.Tensor, layout: PaddedLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: PaddedLayout | VarlenLayout) -> torch.Tensor:
         x = self.attention(x, layout)
         return self.output(self.intermediate(x), x)
 
@@ -113,7 +113,7 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
-    def forward(self, x: torch.Tensor, layout: PaddedLayout) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, layout: PaddedLayout | VarlenLayout) -> torch.Tensor:
         for layer in self.layer:
             x = layer(x, layout)
         return x
@@ -135,7 +135,8 @@ class BertModel(nn.Module):
         self.encoder = BertEncoder(config)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        layout = PaddedLayout.build(get_forward_context().attn_metadata.query_start_loc_cpu, input_ids.device)
+        layout = encoder_layout(get_forward_context().attn_metadata.query_start_loc_cpu, input_ids.device,
+                                self.embeddings.position_embeddings.weight.dtype)
         return self.encoder(self.embeddings(input_ids, positions), layout)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
