@@ -27,7 +27,7 @@ from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 GROUP = 128
 SWEEPS = {
-    "q4_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2])),
+    "q4_k": list(itertools.product([4, 8, 16], [2, 4, 8], [1, 2, 4])),
     "gptq": list(itertools.product([32, 64, 128], [128, 256], [2, 4])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
 }

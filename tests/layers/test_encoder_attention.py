@@ -45,8 +45,9 @@ def test_varlen_matches_each_sequence_alone_cuda(dtype: torch.dtype) -> None:
     query_start, q, k, v = packed([37, 1, 256, 129, 64], heads=12, head_dim=32, dtype=dtype, device="cuda")
     layout = encoder_layout(query_start, torch.device("cuda"), dtype)
     assert isinstance(layout, VarlenLayout) and layout.max_len == 256
+    tol = 2e-3 if dtype == torch.float16 else 1e-2  # a few units of the last place of each
     expected = one_by_one(query_start, q, k, v, 32**-0.5)
-    torch.testing.assert_close(layout.attend(q, k, v, 32**-0.5).float(), expected, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(layout.attend(q, k, v, 32**-0.5).float(), expected, atol=tol, rtol=tol)
     padded = PaddedLayout.build(query_start, q.device).attend(q, k, v, 32**-0.5)
     cu = torch.tensor(query_start, dtype=torch.int32, device="cuda")
-    torch.testing.assert_close(varlen_attention(q, k, v, cu, 256, 32**-0.5), padded, atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(varlen_attention(q, k, v, cu, 256, 32**-0.5), padded, atol=tol, rtol=tol)

@@ -2,7 +2,9 @@
 
 One program owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size]
 tile in registers per step. For a few rows of x (decode) each program also takes one row of x and
-reduces with multiply-and-sum (a GEMV: the bytes of W are the whole cost); for more rows it takes
+reduces with multiply-and-sum (a GEMV: the bytes of W are the whole cost); Q4_K's GEMV first rounds x to
+int8 in runs of 32, as llama.cpp does, and multiplies a word's nibbles by it four at a time (dp4a), since
+decoding each weight to a float cost more instructions than its bytes took to arrive. For more rows it takes
 BLOCK_M of them and the tile goes through tl.dot on the tensor cores. The decoding of every type
 follows wick/loader/gguf_dequant.py, which is the reference in the tests.
 """
@@ -10,6 +12,7 @@ follows wick/loader/gguf_dequant.py, which is the reference in the tests.
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import triton
@@ -24,8 +27,10 @@ _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
+# The Q4_K GEMV's byte products: PTX dp4a when compiled, spelled out under the interpreter.
+_DP4A = os.environ.get("TRITON_INTERPRET", "0") != "1"
 # Rows of W per program, blocks per step and warps of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
-Q4_K_GEMV_CONFIG = (4, 2, 1)
+Q4_K_GEMV_CONFIG = (8, 4, 1)
 
 
 @triton.jit
@@ -155,60 +160,111 @@ def _gguf_matmul_kernel(
 
 
 @triton.jit
-def _q4_k_gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, stride_xm, row_words, stride_om,
-                      BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
-    """x @ W^T for one row of x and BLOCK_N rows of Q4_K W, BLOCK_B blocks a step, the blocks read as
-    int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word 4 + 8j + i holds in byte b the
-    elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b (high nibble, sub-block
-    2j + 1). Every step works on [rows, 8 words] tiles as loaded: each sub-block's products are
-    summed per word before its scale applies, and its min takes the sum of x."""
+def _quantize_q8_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, CHUNKS: tl.constexpr):
+    """Rows of x to int8 in runs of 32 (llama.cpp's Q8_1): q = round(x / d) with d = max|x| / 127 per run;
+    d and d * sum(q) per run as floats. A program takes CHUNKS runs of one row."""
+    row = tl.program_id(0).to(tl.int64)
+    runs = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
+    offs = runs[:, None] * 32 + tl.arange(0, 32)[None, :]
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    d = tl.max(tl.abs(x), axis=1) / 127.0
+    inv = tl.where(d > 0, 1.0 / tl.maximum(d, 1e-30), 0.0)
+    q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
+    tl.store(q_ptr + row * K + offs, q.to(tl.int8), mask=mask)
+    run_mask = runs < K // 32
+    tl.store(d_ptr + row * (K // 32) + runs, d, mask=run_mask)
+    tl.store(s_ptr + row * (K // 32) + runs, d * tl.sum(q, axis=1).to(tl.float32), mask=run_mask)
+
+
+@triton.jit
+def _dp4a(a, b, DP4A: tl.constexpr):
+    """Sum over the four bytes of unsigned a times signed b (int32 words); the interpreter spells it out."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        total = tl.zeros_like(a)
+        for k in tl.static_range(4):
+            total += ((a >> (8 * k)) & 255) * ((b << (24 - 8 * k)) >> 24)
+        return total
+
+
+@triton.jit
+def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, row_words, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, DP4A: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W, BLOCK_B
+    blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word
+    4 + 8j + i holds in byte b the elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b
+    (high nibble, sub-block 2j + 1): four consecutive elements of x, one int32 word of its int8 codes, so
+    each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once."""
     words = w_ptr.to(tl.pointer_type(tl.int32))
+    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
+    runs = tl.program_id(0).to(tl.int64) * (K // 32)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
-    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
-    lane = tl.arange(0, 8)
-    acc = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
+    j = tl.arange(0, 4)
+    i = tl.arange(0, 8)
+    low_sub = 2 * j[None, :]
+    acc = tl.zeros([BLOCK_N, 4], dtype=tl.float32)
     for b0 in range(0, K // 256, BLOCK_B):
         for bb in tl.static_range(BLOCK_B):
-            block = row_base + (b0 + bb) * 36
+            blk = b0 + bb
+            block = row_base + blk * 36
             head = tl.load(words + block)
             d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
             dmin = ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-            a = tl.load(words + block + 1)
-            m = tl.load(words + block + 2)
-            c = tl.load(words + block + 3)
-            x_block = x_row + (b0 + bb) * 256
-            for j in tl.static_range(4):
-                codes = tl.load(words + block[:, None] + 4 + 8 * j + lane[None, :])
-                for h in tl.static_range(2):
-                    scale, minimum = _k_scale_min_word(a, m, c, 2 * j + h)
-                    dot = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
-                    x_sum = tl.zeros([8], dtype=tl.float32)
-                    for b in tl.static_range(4):
-                        x = tl.load(x_block + 64 * j + 32 * h + 4 * lane + b).to(tl.float32)
-                        q = ((codes >> (8 * b + 4 * h)) & 15) | 0x4B000000
-                        dot += (q.to(tl.float32, bitcast=True) - 8388608.0) * x[None, :]
-                        x_sum += x
-                    acc += (d * scale)[:, None] * dot - (dmin * minimum)[:, None] * x_sum[None, :]
+            a = tl.load(words + block + 1)[:, None]
+            m = tl.load(words + block + 2)[:, None]
+            c = tl.load(words + block + 3)[:, None]
+            codes = tl.load(words + block[:, None, None] + 4 + 8 * j[None, :, None] + i[None, None, :])
+            x_low = tl.load(x_words + blk * 64 + 16 * j[:, None] + i[None, :])
+            x_high = tl.load(x_words + blk * 64 + 16 * j[:, None] + 8 + i[None, :])
+            dot_low = tl.sum(_dp4a(codes & 0x0F0F0F0F, x_low[None, :, :], DP4A), axis=2).to(tl.float32)
+            dot_high = tl.sum(_dp4a((codes >> 4) & 0x0F0F0F0F, x_high[None, :, :], DP4A), axis=2).to(tl.float32)
+            scale_low, min_low = _k_scale_min_words(a, m, c, low_sub)
+            scale_high, min_high = _k_scale_min_words(a, m, c, low_sub + 1)
+            xd_low = tl.load(xd_ptr + runs + blk * 8 + 2 * j)[None, :]
+            xd_high = tl.load(xd_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
+            xs_low = tl.load(xs_ptr + runs + blk * 8 + 2 * j)[None, :]
+            xs_high = tl.load(xs_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
+            acc += (d[:, None] * (scale_low * xd_low * dot_low + scale_high * xd_high * dot_high)
+                    - dmin[:, None] * (min_low * xs_low + min_high * xs_high))
     out = tl.sum(acc, axis=1)
     tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
-def _k_scale_min_word(a, m, c, sub: tl.constexpr):
-    """The 6-bit scale and min of sub-block `sub` from a Q4_K block's scale words a, m, c (bytes 4-7, 8-11
-    and 12-15 of the block), as floats."""
-    if sub < 4:
-        scale = (a >> (8 * sub)) & 63
-        minimum = (m >> (8 * sub)) & 63
-    else:
-        a_byte = (a >> (8 * (sub - 4))) & 255
-        m_byte = (m >> (8 * (sub - 4))) & 255
-        c_byte = (c >> (8 * (sub - 4))) & 255
-        scale = (c_byte & 15) | ((a_byte >> 6) << 4)
-        minimum = (c_byte >> 4) | ((m_byte >> 6) << 4)
+def _k_scale_min_words(a, m, c, sub):
+    """The 6-bit scales and mins of sub-blocks `sub` ([1, S] in 0..7) from a Q4_K block's scale words a, m, c
+    ([BLOCK_N, 1]: bytes 4-7, 8-11 and 12-15 of the block), as floats [BLOCK_N, S]."""
+    shift = 8 * (sub % 4)
+    a_byte = (a >> shift) & 255
+    m_byte = (m >> shift) & 255
+    c_byte = (c >> shift) & 255
+    scale = tl.where(sub < 4, a_byte & 63, (c_byte & 15) | ((a_byte >> 6) << 4))
+    minimum = tl.where(sub < 4, m_byte & 63, (c_byte >> 4) | ((m_byte >> 6) << 4))
     return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of 32) -> int8 codes [M, K], scales d and d * sum(codes) [M, K / 32] (float32)."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    d = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
+    s = torch.empty_like(d)
+    chunks = 8
+    _quantize_q8_kernel[(m, triton.cdiv(k // 32, chunks))](x, q, d, s, k, x.stride(0), CHUNKS=chunks)
+    return q, d, s
+
+
+def quantize_q8_ref(x: torch.Tensor) -> torch.Tensor:
+    """The values quantize_q8 leaves of x: float32 [M, K]."""
+    runs = x.float().reshape(x.shape[0], -1, 32)
+    d = runs.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d.clamp_min(1e-30), torch.zeros_like(d))
+    return (torch.floor(runs * inv + 0.5) * d).reshape(x.shape)
 
 
 @functools.cache
@@ -240,9 +296,10 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
         block_n, block_b, warps = gemv_config or Q4_K_GEMV_CONFIG
         while (k // 256) % block_b:
             block_b //= 2
-        _q4_k_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x2, data, out, n, k, x2.stride(0), data.stride(0) // 4, out.stride(0),
-            BLOCK_N=block_n, BLOCK_B=block_b, num_warps=warps)
+        xq, xd, xs = quantize_q8(x2)
+        _q4_k_q8_gemv_kernel[(m, triton.cdiv(n, block_n))](
+            xq, xd, xs, data, out, n, k, data.stride(0) // 4, out.stride(0),
+            BLOCK_N=block_n, BLOCK_B=block_b, DP4A=_DP4A, num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 32
     block_n = 32 if block_size == 256 else 64
