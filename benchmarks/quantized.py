@@ -80,6 +80,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
     args = parser.parse_args()
     print_environment()
     bandwidth = copy_bandwidth()
@@ -89,7 +90,8 @@ def main() -> None:
     for kv_dtype in args.kv_cache_dtypes.split(","):
         for fmt in args.formats.split(","):
             llm = LLM(args.model, load_format="dummy", quantization=None if fmt == "none" else fmt,
-                      kv_cache_dtype=kv_dtype, attention_backend=args.attention_backend, **engine_kwargs(args))
+                      kv_cache_dtype=kv_dtype, attention_backend=args.attention_backend,
+                      async_scheduling=args.async_scheduling, **engine_kwargs(args))
             rate, detail = run(llm, args, bandwidth)
             baseline = baseline or rate
             label = f"{fmt if fmt != 'none' else 'bf16'} / kv {kv_dtype}"

@@ -28,7 +28,7 @@ LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("
 GROUP = 128
 SWEEPS = {
     "q4_k": list(itertools.product([4, 8, 16], [2, 4, 8], [1, 2, 4])),
-    "gptq": list(itertools.product([32, 64, 128], [128, 256], [2, 4])),
+    "gptq": list(itertools.product([16, 32, 64, 128], [128, 256], [1, 2, 4])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
 }
 DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG}

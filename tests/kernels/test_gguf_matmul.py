@@ -9,14 +9,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from wick.kernels.gguf_matmul import (
-    GEMV_MAX_ROWS,
-    TRITON_TYPES,
-    gguf_matmul,
-    q4_k_words_ok,
-    quantize_q8,
-    quantize_q8_ref,
-)
+from wick.kernels.gguf_matmul import GEMV_MAX_ROWS, TRITON_TYPES, gguf_matmul, q4_k_words_ok
+from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -60,17 +54,6 @@ def test_q4_k_word_gemv(config: tuple[int, int, int] | None) -> None:
     # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
     exact = x @ w.t()
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
-
-
-def test_quantize_q8_codes_and_sums() -> None:
-    x = torch.randn(3, 320, generator=torch.Generator().manual_seed(5)).to(DEVICE)
-    x[1, 32:64] = 0.0  # a run of zeros: scale 0, codes 0
-    q, d, s = quantize_q8(x)
-    values = (q.float().view(3, 10, 32) * d[..., None]).reshape(3, 320)
-    torch.testing.assert_close(values, quantize_q8_ref(x), atol=1e-6, rtol=0)
-    assert q.abs().max().item() <= 127 and d[1, 1].item() == 0.0
-    torch.testing.assert_close(s, d * q.float().view(3, 10, 32).sum(-1))
-    torch.testing.assert_close(values, x, atol=d.max().item() / 2 + 1e-6, rtol=0)
 
 
 def test_q4_k_rows_off_word_boundaries_take_the_byte_kernel() -> None:

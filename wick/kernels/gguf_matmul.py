@@ -12,13 +12,13 @@ follows wick/loader/gguf_dequant.py, which is the reference in the tests.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
 T = GGMLQuantizationType
@@ -27,8 +27,6 @@ _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
-# The Q4_K GEMV's byte products: PTX dp4a when compiled, spelled out under the interpreter.
-_DP4A = os.environ.get("TRITON_INTERPRET", "0") != "1"
 # Rows of W per program, blocks per step and warps of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
 Q4_K_GEMV_CONFIG = (8, 4, 1)
 
@@ -160,37 +158,6 @@ def _gguf_matmul_kernel(
 
 
 @triton.jit
-def _quantize_q8_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, CHUNKS: tl.constexpr):
-    """Rows of x to int8 in runs of 32 (llama.cpp's Q8_1): q = round(x / d) with d = max|x| / 127 per run;
-    d and d * sum(q) per run as floats. A program takes CHUNKS runs of one row."""
-    row = tl.program_id(0).to(tl.int64)
-    runs = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
-    offs = runs[:, None] * 32 + tl.arange(0, 32)[None, :]
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    d = tl.max(tl.abs(x), axis=1) / 127.0
-    inv = tl.where(d > 0, 1.0 / tl.maximum(d, 1e-30), 0.0)
-    q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
-    tl.store(q_ptr + row * K + offs, q.to(tl.int8), mask=mask)
-    run_mask = runs < K // 32
-    tl.store(d_ptr + row * (K // 32) + runs, d, mask=run_mask)
-    tl.store(s_ptr + row * (K // 32) + runs, d * tl.sum(q, axis=1).to(tl.float32), mask=run_mask)
-
-
-@triton.jit
-def _dp4a(a, b, DP4A: tl.constexpr):
-    """Sum over the four bytes of unsigned a times signed b (int32 words); the interpreter spells it out."""
-    if DP4A:
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        total = tl.zeros_like(a)
-        for k in tl.static_range(4):
-            total += ((a >> (8 * k)) & 255) * ((b << (24 - 8 * k)) >> 24)
-        return total
-
-
-@triton.jit
 def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, row_words, stride_om,
                          BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, DP4A: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W, BLOCK_B
@@ -221,8 +188,8 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, row_words
             codes = tl.load(words + block[:, None, None] + 4 + 8 * j[None, :, None] + i[None, None, :])
             x_low = tl.load(x_words + blk * 64 + 16 * j[:, None] + i[None, :])
             x_high = tl.load(x_words + blk * 64 + 16 * j[:, None] + 8 + i[None, :])
-            dot_low = tl.sum(_dp4a(codes & 0x0F0F0F0F, x_low[None, :, :], DP4A), axis=2).to(tl.float32)
-            dot_high = tl.sum(_dp4a((codes >> 4) & 0x0F0F0F0F, x_high[None, :, :], DP4A), axis=2).to(tl.float32)
+            dot_low = tl.sum(dp4a(codes & 0x0F0F0F0F, x_low[None, :, :], DP4A), axis=2).to(tl.float32)
+            dot_high = tl.sum(dp4a((codes >> 4) & 0x0F0F0F0F, x_high[None, :, :], DP4A), axis=2).to(tl.float32)
             scale_low, min_low = _k_scale_min_words(a, m, c, low_sub)
             scale_high, min_high = _k_scale_min_words(a, m, c, low_sub + 1)
             xd_low = tl.load(xd_ptr + runs + blk * 8 + 2 * j)[None, :]
@@ -246,25 +213,6 @@ def _k_scale_min_words(a, m, c, sub):
     scale = tl.where(sub < 4, a_byte & 63, (c_byte & 15) | ((a_byte >> 6) << 4))
     minimum = tl.where(sub < 4, m_byte & 63, (c_byte >> 4) | ((m_byte >> 6) << 4))
     return scale.to(tl.float32), minimum.to(tl.float32)
-
-
-def quantize_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [M, K] (K a multiple of 32) -> int8 codes [M, K], scales d and d * sum(codes) [M, K / 32] (float32)."""
-    m, k = x.shape
-    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    d = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
-    s = torch.empty_like(d)
-    chunks = 8
-    _quantize_q8_kernel[(m, triton.cdiv(k // 32, chunks))](x, q, d, s, k, x.stride(0), CHUNKS=chunks)
-    return q, d, s
-
-
-def quantize_q8_ref(x: torch.Tensor) -> torch.Tensor:
-    """The values quantize_q8 leaves of x: float32 [M, K]."""
-    runs = x.float().reshape(x.shape[0], -1, 32)
-    d = runs.abs().amax(-1, keepdim=True) / 127.0
-    inv = torch.where(d > 0, 1.0 / d.clamp_min(1e-30), torch.zeros_like(d))
-    return (torch.floor(runs * inv + 0.5) * d).reshape(x.shape)
 
 
 @functools.cache
@@ -299,7 +247,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
         xq, xd, xs = quantize_q8(x2)
         _q4_k_q8_gemv_kernel[(m, triton.cdiv(n, block_n))](
             xq, xd, xs, data, out, n, k, data.stride(0) // 4, out.stride(0),
-            BLOCK_N=block_n, BLOCK_B=block_b, DP4A=_DP4A, num_warps=warps)
+            BLOCK_N=block_n, BLOCK_B=block_b, DP4A=DP4A, num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 32
     block_n = 32 if block_size == 256 else 64

@@ -8,9 +8,13 @@ act-order checkpoints put rows of one group anywhere). W[k, n] = (q[k, n] - zero
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
+
+from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
 
 
 def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -119,6 +123,41 @@ def _wna16_gemv_kernel(
     tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
+@triton.jit
+def _w4a8_gemv_kernel(
+    xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, GROUP, stride_om,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DP4A: tl.constexpr,
+):
+    """One row of x, rounded to int8 and interleaved by quantize_q8, against BLOCK_N columns of 4-bit W whose
+    groups are contiguous and hold whole steps (GROUP a multiple of BLOCK_K). A word's low nibbles (its even
+    input rows) meet x's four even codes in one dp4a, its high nibbles the odd ones in another; a word's
+    integer sum takes its run's scale of x, and the step's group scale and zero point apply once."""
+    WORDS: tl.constexpr = BLOCK_K // 8
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    word_rows = tl.arange(0, WORDS)
+    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
+    runs = tl.program_id(0).to(tl.int64) * (K // 32)
+    step_runs = tl.arange(0, BLOCK_K // 32)
+    acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
+    acc_zero = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        w_rows = k0 // 8 + word_rows
+        words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :], mask=n_mask[None, :],
+                        other=0)
+        x_even = tl.load(x_words + 2 * w_rows)[:, None]
+        x_odd = tl.load(x_words + 2 * w_rows + 1)[:, None]
+        dot = dp4a(words & 0x0F0F0F0F, x_even, DP4A) + dp4a((words >> 4) & 0x0F0F0F0F, x_odd, DP4A)
+        x_scale = tl.load(xd_ptr + runs + w_rows // 4)[:, None]
+        offsets = (k0 // GROUP) * N + cols
+        scale = tl.load(scales_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
+        zero = tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
+        acc += scale[None, :] * (dot.to(tl.float32) * x_scale)
+        acc_zero += scale * zero * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
+    out = tl.sum(acc, axis=0) - acc_zero
+    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
 GEMV_MAX_ROWS = 8
 # Columns per program, input rows per step and warps of the contiguous-group GEMV
 # (benchmarks/kernels/bench_quant_gemv.py).
@@ -142,6 +181,13 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     gemv = m <= GEMV_MAX_ROWS
     if gemv and group is not None:
         block_n, block_k, warps = gemv_config or WNA16_GEMV_CONFIG
+        step = math.gcd(block_k, group)  # the int8 GEMV's steps lie in one group each
+        if bits == 4 and step % 32 == 0 and k % step == 0:
+            xq, xd, xs = quantize_q8(x2, interleave=True)
+            _w4a8_gemv_kernel[(m, triton.cdiv(n, block_n))](
+                xq, xd, xs, qweight, scales, zeros, out, n, k, group, out.stride(0),
+                BLOCK_N=block_n, BLOCK_K=step, DP4A=DP4A, num_warps=warps)
+            return out.reshape(*x.shape[:-1], n)
         _wna16_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, qweight, scales, zeros, out, n, k, group, x2.stride(0), out.stride(0),
             BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0, num_warps=warps)

@@ -1,0 +1,72 @@
+"""Activations rounded to int8 for the 4-bit GEMVs (llama.cpp's Q8_1): each run of 32 values of a row of x
+becomes int8 codes q = round(x / d) with d = max|x| / 127, and the GEMVs multiply four weight codes by four
+of x's at a time (PTX dp4a), summing in integers before any scale applies."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# dp4a is PTX: compiled kernels take it, the interpreter spells it out.
+DP4A = os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+@triton.jit
+def dp4a(a, b, DP4A: tl.constexpr):
+    """Sum over the four bytes of unsigned a times signed b (int32 words)."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        total = tl.zeros_like(a)
+        for k in tl.static_range(4):
+            total += ((a >> (8 * k)) & 255) * ((b << (24 - 8 * k)) >> 24)
+        return total
+
+
+@triton.jit
+def _quantize_q8_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, CHUNKS: tl.constexpr, INTERLEAVE: tl.constexpr):
+    """CHUNKS runs of one row of x: codes, d and d * sum(codes) per run. INTERLEAVE stores each eight codes
+    as the even ones then the odd ones, so that a word of eight 4-bit weights (GPTQ's) meets x's codes in two
+    dp4a: its low nibbles against the first four, its high nibbles against the last."""
+    row = tl.program_id(0).to(tl.int64)
+    runs = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
+    e = tl.arange(0, 32)
+    offs = runs[:, None] * 32 + e[None, :]
+    mask = offs < K
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    d = tl.max(tl.abs(x), axis=1) / 127.0
+    inv = tl.where(d > 0, 1.0 / tl.maximum(d, 1e-30), 0.0)
+    q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
+    if INTERLEAVE:
+        f = e % 8
+        dest = runs[:, None] * 32 + (e - f + f // 2 + 4 * (f % 2))[None, :]
+    else:
+        dest = offs
+    tl.store(q_ptr + row * K + dest, q.to(tl.int8), mask=mask)
+    run_mask = runs < K // 32
+    tl.store(d_ptr + row * (K // 32) + runs, d, mask=run_mask)
+    tl.store(s_ptr + row * (K // 32) + runs, d * tl.sum(q, axis=1).to(tl.float32), mask=run_mask)
+
+
+def quantize_q8(x: torch.Tensor, interleave: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of 32) -> int8 codes [M, K], scales d and d * sum(codes) [M, K / 32] (float32)."""
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
+    d = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
+    s = torch.empty_like(d)
+    chunks = 8
+    _quantize_q8_kernel[(m, triton.cdiv(k // 32, chunks))](x, q, d, s, k, x.stride(0), CHUNKS=chunks,
+                                                            INTERLEAVE=interleave)
+    return q, d, s
+
+
+def quantize_q8_ref(x: torch.Tensor) -> torch.Tensor:
+    """The values quantize_q8 leaves of x: float32 [M, K]."""
+    runs = x.float().reshape(x.shape[0], -1, 32)
+    d = runs.abs().amax(-1, keepdim=True) / 127.0
+    inv = torch.where(d > 0, 1.0 / d.clamp_min(1e-30), torch.zeros_like(d))
+    return (torch.floor(runs * inv + 0.5) * d).reshape(x.shape)
