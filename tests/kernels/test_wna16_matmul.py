@@ -49,8 +49,13 @@ def test_contiguous_group_gemv(bits: int, config: tuple[int, int, int] | None) -
     _check(bits, 3, 320, 40, 64, False, torch.float32, gemv_config=config)
 
 
+@pytest.mark.parametrize("split_k", [2, 3, 100], ids=["even", "uneven", "one_step_each"])
+def test_int8_gemv_split_k(split_k: int) -> None:
+    _check(4, 2, 320, 40, 32, False, torch.float32, gemv_config=(16, 32, 2), split_k=split_k)
+
+
 def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype,
-           gemv_config: tuple[int, int, int] | None = None) -> None:
+           gemv_config: tuple[int, int, int] | None = None, split_k: int | None = None) -> None:
     qweight, scales, zeros, g_idx = _weights(bits, k, n, group, shuffled, dtype)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     # A few rows of x against 4-bit W of contiguous groups take the int8 GEMV: its reference is x as it rounds x.
@@ -58,7 +63,7 @@ def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dty
     w = wna16_dequantize(qweight, scales.float(), zeros.float(), g_idx, bits)
     expected = (quantize_q8_ref(x) if int8_gemv else x.float()) @ w
     out = wna16_matmul(x, qweight, scales, zeros, g_idx, bits, group=None if shuffled else group,
-                       gemv_config=gemv_config)
+                       gemv_config=gemv_config, split_k=split_k)
     assert out.dtype == dtype and out.shape == (rows, n)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
     if int8_gemv:  # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
