@@ -1,7 +1,9 @@
 """The quantized GEMV kernels (one row of x: a decode step of one request) against bf16's x @ W^T, at the
 linear layers of a model's shape, inside CUDA graphs: microseconds, GB/s of the weights' bytes and the
-share of the copy bandwidth. `--sweep` times every (rows or columns per program, step, warps) of each
-kernel and names the one with the least time over the layers (the defaults in wick/kernels/).
+share of the copy bandwidth. Each layer runs over copies of its weights that together exceed the L2 cache
+several times, in turn, as a decode step meets them: from memory, not from L2. `--sweep` times every
+(rows or columns per program, step, warps[, warps an SM that splitting K aims at]) of each kernel and names
+the one with the least time over the layers (the defaults in wick/kernels/).
 
     python -m benchmarks.kernels.bench_quant_gemv [--sweep] [--json FILE]
 """
@@ -26,12 +28,19 @@ from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 # (name, N, K) of Llama-3.1-8B's linear layers as wick merges them.
 LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 GROUP = 128
+# Bytes of each layer's copies together: the H100's and H200's L2 hold 50 MB.
+COLD_BYTES = 400 << 20
 SWEEPS = {
-    "q4_k": list(itertools.product([4, 8, 16], [2, 4, 8], [1, 2, 4])),
-    "gptq": list(itertools.product([16, 32, 64, 128], [128, 256], [1, 2, 4])),
+    "q4_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),
+    "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 32])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
 }
 DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG}
+
+
+def _bf16(n: int, k: int) -> tuple[Callable, int]:
+    weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+    return lambda x, config: torch.matmul(x, weight.t()), weight.numel() * 2
 
 
 def _q4_k(n: int, k: int) -> tuple[Callable, int]:
@@ -62,6 +71,19 @@ def _fp8(n: int, k: int) -> tuple[Callable, int]:
 MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8}
 
 
+def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:
+    """Copies of one layer's weights, COLD_BYTES in all: a function of (x, config) that runs them in turn, the
+    bytes of one copy and the number of copies."""
+    first, nbytes = make(n, k)
+    layers = [first] + [make(n, k)[0] for _ in range(-(-COLD_BYTES // nbytes) - 1)]
+
+    def run(x: torch.Tensor, config: tuple) -> None:
+        for layer in layers:
+            layer(x, config)
+
+    return run, nbytes, len(layers)
+
+
 def _time_us(fn: Callable[[], object]) -> float:
     fn()
     return do_bench_cudagraph(fn, rep=20) * 1e3
@@ -80,20 +102,22 @@ def main() -> None:
     results: dict = {"bandwidth": bandwidth, "bf16": {}, "formats": {}}
     bf16_total = 0.0
     for name, n, k in LLAMA_8B:
-        weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
-        us = _time_us(partial(torch.matmul, x[k], weight.t()))
+        run, nbytes, copies = _cold(_bf16, n, k)
+        us = _time_us(partial(run, x[k], None)) / copies
         bf16_total += us
         results["bf16"][name] = us
-        print(f"bf16  {name:>8} {n:>6}x{k:<6} {us:8.1f} us  {weight.numel() * 2 / us / 1e3:7.0f} GB/s "
-              f"({weight.numel() * 2 / us * 1e6 / bandwidth:4.0%})")
-        del weight
+        print(f"bf16  {name:>8} {n:>6}x{k:<6} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s "
+              f"({nbytes / us * 1e6 / bandwidth:4.0%})  ({copies} copies)")
+        del run
+        torch.cuda.empty_cache()
     for fmt in args.formats.split(","):
-        layers = [(name, *MAKERS[fmt](n, k), k) for name, n, k in LLAMA_8B]
+        layers = [(name, *_cold(MAKERS[fmt], n, k), k) for name, n, k in LLAMA_8B]
         configs = SWEEPS[fmt] if args.sweep else [DEFAULTS[fmt]]
         timings: dict[str, dict[str, float]] = {}
         for config in configs:
             try:
-                timings[str(config)] = {name: _time_us(partial(fn, x[k], config)) for name, fn, _, k in layers}
+                timings[str(config)] = {name: _time_us(partial(fn, x[k], config)) / copies
+                                        for name, fn, _, copies, k in layers}
             except Exception as error:  # a tile too large for the registers or shared memory
                 print(f"{fmt} {config}: {type(error).__name__}")
         best = min(timings, key=lambda c: sum(timings[c].values()))
@@ -101,13 +125,13 @@ def main() -> None:
             if config not in timings:
                 continue
             total = sum(timings[config].values())
-            for name, _, nbytes, _ in layers:
+            for name, _, nbytes, _, _ in layers:
                 us = timings[config][name]
                 print(f"{fmt:5} {label:>7} {config:>15} {name:>8} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s "
                       f"({nbytes / us * 1e6 / bandwidth:4.0%})  {results['bf16'][name] / us:4.2f}x bf16")
             print(f"{fmt:5} {label:>7} {config:>15}    total {total:8.1f} us  {bf16_total / total:4.2f}x bf16")
         results["formats"][fmt] = {"default": str(DEFAULTS[fmt]), "best": best, "timings": timings,
-                                   "bytes": {name: nbytes for name, _, nbytes, _ in layers}}
+                                   "bytes": {name: nbytes for name, _, nbytes, _, _ in layers}}
         del layers
         torch.cuda.empty_cache()
     if args.json:

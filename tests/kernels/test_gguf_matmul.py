@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
+from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.gguf_matmul import GEMV_MAX_ROWS, TRITON_TYPES, gguf_matmul, q4_k_words_ok
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
@@ -40,17 +41,20 @@ def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> No
     _check(qtype, rows, 40, k, torch.float32)
 
 
-@pytest.mark.parametrize("config", [None, (8, 2, 2), (1, 1, 1)], ids=["default", "8x2", "1x1"])
-def test_q4_k_word_gemv(config: tuple[int, int, int] | None) -> None:
-    n, k = 24, 768
+@pytest.mark.parametrize(("config", "split_k"), [(None, None), ((8, 2, 2, 0), None), ((1, 1, 1, 0), None),
+                                               ((8, 1, 1, 0), 2), ((8, 1, 1, 0), 3), ((8, 1, 1, 0), 100)],
+                         ids=["default", "8x2", "1x1", "split_3_2", "split_2_2_1", "split_one_block_each"])
+def test_q4_k_word_gemv(config: tuple[int, int, int, int] | None, split_k: int | None) -> None:
+    n, k = 24, 1280
     weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=7)
     data = weight.data.to(DEVICE)
     assert q4_k_words_ok(data)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     w = dequantize(data, GGMLQuantizationType.Q4_K, (n, k))
     expected = quantize_q8_ref(x) @ w.t()
-    out = gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config)
+    out = gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config, split_k=split_k)
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+    assert not arrival_counts(out.device).any(), "a split GEMV leaves every tile's arrival count at 0"
     # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
     exact = x @ w.t()
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.kernels.wna16_matmul import GEMV_MAX_ROWS, pack_rows, unpack_rows, wna16_dequantize, wna16_matmul
 
@@ -43,19 +44,20 @@ def test_half_precision() -> None:
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("config", [None, (16, 32, 2), (8, 256, 4)],
+@pytest.mark.parametrize("config", [None, (16, 32, 2, 0), (8, 256, 4, 0)],
                          ids=["default", "one_group_a_step", "groups_a_step"])
-def test_contiguous_group_gemv(bits: int, config: tuple[int, int, int] | None) -> None:
+def test_contiguous_group_gemv(bits: int, config: tuple[int, int, int, int] | None) -> None:
     _check(bits, 3, 320, 40, 64, False, torch.float32, gemv_config=config)
 
 
 @pytest.mark.parametrize("split_k", [2, 3, 100], ids=["even", "uneven", "one_step_each"])
 def test_int8_gemv_split_k(split_k: int) -> None:
-    _check(4, 2, 320, 40, 32, False, torch.float32, gemv_config=(16, 32, 2), split_k=split_k)
+    _check(4, 2, 320, 40, 32, False, torch.float32, gemv_config=(16, 32, 2, 0), split_k=split_k)
+    assert not arrival_counts(torch.device(DEVICE)).any(), "a split GEMV leaves every tile's arrival count at 0"
 
 
 def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype,
-           gemv_config: tuple[int, int, int] | None = None, split_k: int | None = None) -> None:
+           gemv_config: tuple[int, int, int, int] | None = None, split_k: int | None = None) -> None:
     qweight, scales, zeros, g_idx = _weights(bits, k, n, group, shuffled, dtype)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
     # A few rows of x against 4-bit W of contiguous groups take the int8 GEMV: its reference is x as it rounds x.

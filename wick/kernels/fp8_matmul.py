@@ -17,7 +17,7 @@ def fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
     return weight.float() * expanded
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _fp8_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
     BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr,
@@ -79,7 +79,7 @@ def _fp8_gemv_kernel(
 
 GEMV_MAX_ROWS = 8
 # Rows per program, columns per step and warps of the GEMV (benchmarks/kernels/bench_quant_gemv.py).
-FP8_GEMV_CONFIG = (8, 512, 4)
+FP8_GEMV_CONFIG = (4, 1024, 2)
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],

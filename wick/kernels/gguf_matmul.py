@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from wick.kernels.gemv_split import SplitK, store_gemv_output
 from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
@@ -27,8 +28,9 @@ _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
-# Rows of W per program, blocks per step and warps of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
-Q4_K_GEMV_CONFIG = (8, 4, 1)
+# Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
+# of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
+Q4_K_GEMV_CONFIG = (8, 4, 1, 16)
 
 
 @triton.jit
@@ -121,7 +123,7 @@ def _decode(block, e, levels_ptr, QTYPE: tl.constexpr):
     return w
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gguf_matmul_kernel(
     x_ptr, w_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, row_bytes, stride_om,
     QTYPE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr,
@@ -158,13 +160,15 @@ def _gguf_matmul_kernel(
 
 
 @triton.jit
-def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, row_words, stride_om,
-                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, DP4A: tl.constexpr):
+def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, row_words,
+                         SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W, BLOCK_B
     blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word
     4 + 8j + i holds in byte b the elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b
     (high nibble, sub-block 2j + 1): four consecutive elements of x, one int32 word of its int8 codes, so
-    each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once."""
+    each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once.
+    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py)."""
     words = w_ptr.to(tl.pointer_type(tl.int32))
     x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
     runs = tl.program_id(0).to(tl.int64) * (K // 32)
@@ -175,7 +179,8 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, row_words
     i = tl.arange(0, 8)
     low_sub = 2 * j[None, :]
     acc = tl.zeros([BLOCK_N, 4], dtype=tl.float32)
-    for b0 in range(0, K // 256, BLOCK_B):
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
             block = row_base + blk * 36
@@ -198,8 +203,8 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, N, K, row_words
             xs_high = tl.load(xs_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
             acc += (d[:, None] * (scale_low * xd_low * dot_low + scale_high * xd_high * dot_high)
                     - dmin[:, None] * (min_low * xs_low + min_high * xs_high))
-    out = tl.sum(acc, axis=1)
-    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + rows, out.to(out_ptr.dtype.element_ty), mask=n_mask)
+    store_gemv_output(tl.sum(acc, axis=1), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                      SPLIT)
 
 
 @triton.jit
@@ -227,9 +232,11 @@ def q4_k_words_ok(data: torch.Tensor) -> bool:
 
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType,
-                shape: tuple[int, int], gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                shape: tuple[int, int], gemv_config: tuple[int, int, int, int] | None = None,
+                split_k: int | None = None) -> torch.Tensor:
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
-    gemv_config: (rows, blocks a step, warps) of the Q4_K GEMV, for benchmarks; None picks them."""
+    gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the Q4_K GEMV and
+    split_k its splits of K, for benchmarks and tests; None picks them."""
     n, k = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     x2 = x.reshape(-1, k)
@@ -241,13 +248,16 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
         return out.reshape(*x.shape[:-1], n)
     gemv = m <= GEMV_MAX_ROWS
     if gemv and qtype == T.Q4_K and q4_k_words_ok(data):
-        block_n, block_b, warps = gemv_config or Q4_K_GEMV_CONFIG
+        block_n, block_b, warps, split_warps = gemv_config or Q4_K_GEMV_CONFIG
         while (k // 256) % block_b:
             block_b //= 2
         xq, xd, xs = quantize_q8(x2)
-        _q4_k_q8_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            xq, xd, xs, data, out, n, k, data.stride(0) // 4, out.stride(0),
-            BLOCK_N=block_n, BLOCK_B=block_b, DP4A=DP4A, num_warps=warps)
+        grid = (m, triton.cdiv(n, block_n))
+        split = SplitK(k // 256 // block_b, m * grid[1] * warps, split_warps, out, m * grid[1], split_k)
+        _q4_k_q8_gemv_kernel[(*grid, split.splits)](
+            xq, xd, xs, data, out, split.work, split.counts, m, n, k, data.stride(0) // 4, split.steps * block_b,
+            split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,
+            num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 32
     block_n = 32 if block_size == 256 else 64

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.gemv_split import SplitK, store_gemv_output
 from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
 
 
@@ -41,7 +42,7 @@ def wna16_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
     return (q - zeros[groups]) * scales[groups]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _wna16_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_om,
     BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -125,15 +126,15 @@ def _wna16_gemv_kernel(
 
 @triton.jit
 def _w4a8_gemv_kernel(
-    xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, M, N, K, GROUP, SPLIT_STEPS, stride_om,
+    xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, GROUP,
+    SPLIT_STEPS, SPLITS, stride_om,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
 ):
     """One row of x, rounded to int8 and interleaved by quantize_q8, against BLOCK_N columns of 4-bit W whose
     groups are contiguous and hold whole steps (GROUP a multiple of BLOCK_K). A word's low nibbles (its even
     input rows) meet x's four even codes in one dp4a, its high nibbles the odd ones in another; a word's
     integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Where SPLIT,
-    program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS and writes its float32 partial sums to
-    out [splits, M, N] (layers of few columns would keep most of the GPU idle otherwise)."""
+    program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py)."""
     WORDS: tl.constexpr = BLOCK_K // 8
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
@@ -157,33 +158,23 @@ def _w4a8_gemv_kernel(
         zero = tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
         acc += scale[None, :] * (dot.to(tl.float32) * x_scale)
         acc_zero += scale * zero * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
-    out = tl.sum(acc, axis=0) - acc_zero
-    if SPLIT:
-        row = tl.program_id(2).to(tl.int64) * M + tl.program_id(0)
-        tl.store(out_ptr + row * N + cols, out, mask=n_mask)
-    else:
-        tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty),
-                 mask=n_mask)
-
-
-def gemv_splits(steps: int, programs: int, device: torch.device) -> int:
-    """Splits of K that give the GPU about four programs an SM, each of at least four steps."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-    return max(1, min(triton.cdiv(4 * sms, programs), steps // 4))
+    store_gemv_output(tl.sum(acc, axis=0) - acc_zero, cols, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N,
+                      SPLITS, SPLIT)
 
 
 GEMV_MAX_ROWS = 8
-# Columns per program, input rows per step and warps of the contiguous-group GEMV
-# (benchmarks/kernels/bench_quant_gemv.py).
-WNA16_GEMV_CONFIG = (32, 256, 4)
+# Columns per program, input rows per step, warps, and the warps an SM that splitting K of the int8 form aims
+# at, of the contiguous-group GEMV (benchmarks/kernels/bench_quant_gemv.py).
+WNA16_GEMV_CONFIG = (32, 128, 2, 32)
 
 
 def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  g_idx: torch.Tensor, bits: int, group: int | None = None,
-                 gemv_config: tuple[int, int, int] | None = None, split_k: int | None = None) -> torch.Tensor:
+                 gemv_config: tuple[int, int, int, int] | None = None, split_k: int | None = None) -> torch.Tensor:
     """x [..., K] @ W [K, N] in x's dtype, W dequantized inside the kernel. group: set where row k is in
     group k // group (g_idx is then not read by the GEMV). gemv_config: (columns, rows a step, warps) of
-    that GEMV and split_k the splits of K of its int8 form, for benchmarks and tests; None picks them."""
+    that GEMV (and the warps an SM that splitting K aims at) and split_k the splits of K of its int8 form, for
+    benchmarks and tests; None picks them."""
     k, n = g_idx.shape[0], qweight.shape[1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -194,20 +185,16 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         return out.reshape(*x.shape[:-1], n)
     gemv = m <= GEMV_MAX_ROWS
     if gemv and group is not None:
-        block_n, block_k, warps = gemv_config or WNA16_GEMV_CONFIG
+        block_n, block_k, warps, split_warps = gemv_config or WNA16_GEMV_CONFIG
         step = math.gcd(block_k, group)  # the int8 GEMV's steps lie in one group each
         if bits == 4 and step % 32 == 0 and k % step == 0:
             xq, xd, xs = quantize_q8(x2, interleave=True)
             grid = (m, triton.cdiv(n, block_n))
-            splits = split_k or gemv_splits(k // step, m * grid[1], x.device)
-            split_steps = triton.cdiv(k // step, splits)
-            splits = triton.cdiv(k // step, split_steps)
-            target = torch.empty(splits, m, n, dtype=torch.float32, device=x.device) if splits > 1 else out
-            _w4a8_gemv_kernel[(*grid, splits)](
-                xq, xd, xs, qweight, scales, zeros, target, m, n, k, group, split_steps, out.stride(0),
-                BLOCK_N=block_n, BLOCK_K=step, SPLIT=splits > 1, DP4A=DP4A, num_warps=warps)
-            if splits > 1:
-                out.copy_(target.sum(0))
+            split = SplitK(k // step, m * grid[1] * warps, split_warps, out, m * grid[1], split_k)
+            _w4a8_gemv_kernel[(*grid, split.splits)](
+                xq, xd, xs, qweight, scales, zeros, out, split.work, split.counts, m, n, k, group, split.steps,
+                split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_K=step, SPLIT=split.splits > 1, DP4A=DP4A,
+                num_warps=warps)
             return out.reshape(*x.shape[:-1], n)
         _wna16_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, qweight, scales, zeros, out, n, k, group, x2.stride(0), out.stride(0),

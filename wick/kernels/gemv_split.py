@@ -1,0 +1,66 @@
+"""Splitting K of a GEMV among programs where its output columns alone leave the SMs short of warps (a
+memory-bound kernel needs many loads in flight on every SM). Each split writes its float32 partial sums to a
+workspace [splits, M, N] and counts itself in per output tile; the tile's last split to arrive adds them
+into the output and resets the count, so a split GEMV is still one launch."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# Output tiles (rows of x times column tiles) the arrival counts cover; a GEMV with more is not split.
+MAX_TILES = 1 << 20
+
+
+@functools.cache
+def _arrival_counts(device: torch.device) -> torch.Tensor:
+    # Made on the first (eager) call, before any CUDA graph capture; every split program leaves its count at 0.
+    return torch.zeros(MAX_TILES, dtype=torch.int32, device=device)
+
+
+class SplitK:
+    """The splits of one GEMV launch: `splits`, `steps` (of each split), and the kernel's `work` and `counts`
+    arguments (the output itself where K is not split)."""
+
+    def __init__(self, steps: int, warps: int, warps_per_sm: int, out: torch.Tensor, tiles: int,
+                 splits: int | None = None) -> None:
+        """steps: the kernel's steps along K; warps: the warps of the grid without splitting; warps_per_sm: the
+        warps an SM that splitting aims at (0: none); tiles: the grid's output tiles; splits: a fixed count
+        instead, for benchmarks and tests."""
+        if splits is None:
+            sms = (torch.cuda.get_device_properties(out.device).multi_processor_count
+                   if out.device.type == "cuda" else 1)
+            splits = max(1, min(triton.cdiv(warps_per_sm * sms, warps), steps // 2)) if warps_per_sm else 1
+        if tiles > MAX_TILES:
+            splits = 1
+        self.steps = triton.cdiv(steps, splits)
+        self.splits = triton.cdiv(steps, self.steps)
+        self.work = out
+        self.counts = out
+        if self.splits > 1:
+            self.work = torch.empty(self.splits, *out.shape, dtype=torch.float32, device=out.device)
+            self.counts = _arrival_counts(out.device)
+
+
+@triton.jit
+def store_gemv_output(acc, cols, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                      SPLIT: tl.constexpr):
+    """Stores program (m, tile, split)'s sums `acc` for output columns `cols` of row m: directly, or where
+    SPLIT as one of SPLITS partial sums, the last to arrive adding them all into out."""
+    m = tl.program_id(0)
+    if SPLIT:
+        tl.store(work_ptr + (tl.program_id(2).to(tl.int64) * M + m) * N + cols, acc, mask=n_mask)
+        tl.debug_barrier()
+        tile = m * tl.num_programs(1) + tl.program_id(1)
+        if tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel") == SPLITS - 1:
+            total = tl.zeros_like(acc)
+            for s in range(0, SPLITS):
+                total += tl.load(work_ptr + (s * M + m).to(tl.int64) * N + cols, mask=n_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=n_mask)
+            tl.atomic_xchg(counts_ptr + tile, 0)
+    else:
+        tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
