@@ -80,7 +80,7 @@ def main() -> None:
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention-backend", default=None)
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     args = parser.parse_args()
     print_environment()
     bandwidth = copy_bandwidth()

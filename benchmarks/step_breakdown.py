@@ -29,6 +29,24 @@ def _timed(fn: Callable, key: str) -> Callable:
     return wrapper
 
 
+def _log_triton_compiles() -> None:
+    """Prints every Triton kernel compiled from now on, with its time (a step that compiles stalls)."""
+    from triton.runtime.jit import JITFunction
+
+    compile_fn = getattr(JITFunction, "_do_compile", None)
+    if compile_fn is None:
+        print("this Triton has no JITFunction._do_compile: compiles are not logged")
+        return
+
+    def logged(self, *args, **kwargs):
+        start = time.perf_counter()
+        kernel = compile_fn(self, *args, **kwargs)
+        print(f"  compiled {self.__name__} in {(time.perf_counter() - start) * 1e3:,.0f} ms")
+        return kernel
+
+    JITFunction._do_compile = logged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default="llama-3.1-8b")
@@ -38,7 +56,7 @@ def main() -> None:
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--quantization", "-q", default=None, help="weights quantized at load, e.g. q4_k, gptq, fp8")
-    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="then run this many steps under the torch profiler and print where the time goes")
     parser.add_argument("--profile-sort", default="self_cpu_time_total",
@@ -62,6 +80,7 @@ def main() -> None:
     prompts = [list(range(1000 + i, 1128 + i)) for i in range(args.batch_size)]
     llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     _times.clear()
+    _log_triton_compiles()
     torch.cuda.synchronize()
     start = time.perf_counter()
     llm.generate(prompts, SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from wick.config import EngineArgs
 from wick.loader.presets import PRESETS
@@ -49,3 +50,13 @@ def test_yarn_scaling_factor_stretches_the_context(tiny_llama_dir: str):
     assert scaling == {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
     with pytest.raises(ValueError, match="yarn_scaling_factor"):
         EngineArgs(model=tiny_llama_dir, yarn_scaling_factor=0.5)
+
+
+@pytest.mark.parametrize(("device", "chosen", "overlap"), [
+    ("cpu", None, False), ("cuda", None, True), ("cuda", False, False), ("cpu", True, True)])
+def test_overlap_is_on_by_default_where_a_step_runs_asynchronously(device: str, chosen: bool | None,
+                                                                   overlap: bool) -> None:
+    config = EngineArgs(model="qwen2.5-0.5b", load_format="dummy", device="cpu",
+                        async_scheduling=chosen).create_engine_config()
+    config.device = torch.device(device)  # the property reads the device only: no GPU is needed to ask
+    assert config.async_scheduling is overlap

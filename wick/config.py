@@ -65,8 +65,8 @@ class EngineArgs:
     enable_chunked_prefill: bool = True
     attention_backend: str | None = None
     enforce_eager: bool = False
-    # Schedule step N+1 while the device runs step N (off by default: docs/benchmarks.md says why).
-    async_scheduling: bool = False
+    # Schedule step N+1 while the device runs step N; None: on a GPU, where the step runs asynchronously.
+    async_scheduling: bool | None = None
     tensor_parallel_size: int = 1
     # Several machines: node 0 serves and schedules; every node runs tensor_parallel_size / nnodes ranks.
     nnodes: int = 1
@@ -245,8 +245,13 @@ class EngineConfig:
 
     @property
     def async_scheduling(self) -> bool:
-        """Embedding steps end with their output: nothing follows them to overlap."""
-        return self.args.async_scheduling and self.task != "embed"
+        """Embedding steps end with their output: nothing follows them to overlap. Unset, overlap is on where the
+        device runs a step asynchronously (a GPU); on the CPU the host would compute the step it schedules
+        behind."""
+        if self.task == "embed":
+            return False
+        chosen = self.args.async_scheduling
+        return self.device.type == "cuda" if chosen is None else chosen
 
     @property
     def task(self) -> str:

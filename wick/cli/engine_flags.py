@@ -59,8 +59,8 @@ def add_engine_flags(parser: argparse.ArgumentParser, positional_model: bool = F
     device.add_argument("--device", default="auto")
     device.add_argument("--attention-backend", default=None)
     device.add_argument("--enforce-eager", action="store_true")
-    device.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=False,
-                        help="schedule the next step while the device runs this one")
+    device.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="schedule the next step while the device runs this one (default: on a GPU)")
     device.add_argument("--seed", type=int, default=0)
     device.add_argument("--log", action="store_true", help="log wick's debug messages too (candle-vllm)")
 

@@ -17,7 +17,7 @@ import triton.language as tl
 _ELEMENTS_PER_PROGRAM = 2048
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr,
     num_rows, heads, stride_xt, stride_xh, stride_xd, stride_rt, stride_rh, stride_rd, eps,
