@@ -30,7 +30,7 @@ TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 GEMV_MAX_ROWS = 8
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
 # of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
-Q4_K_GEMV_CONFIG = (8, 4, 1, 16)
+Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
 
 
 @triton.jit
