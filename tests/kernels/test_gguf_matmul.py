@@ -10,7 +10,14 @@ import torch
 from gguf import GGMLQuantizationType
 
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_matmul import GEMV_MAX_ROWS, TRITON_TYPES, gguf_matmul, q4_k_words_ok
+from wick.kernels.gguf_matmul import (
+    DEQUANTIZE_MIN_ROWS,
+    GEMV_MAX_ROWS,
+    TRITON_TYPES,
+    gguf_dequantize,
+    gguf_matmul,
+    q4_k_words_ok,
+)
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
 
@@ -84,3 +91,23 @@ def test_half_precision(qtype: GGMLQuantizationType) -> None:
 @pytest.mark.parametrize("rows", [1, 4, 64, 300])
 def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
     _check(qtype, rows, 1000, 4096, torch.bfloat16)
+
+
+@pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
+def test_dequantize_kernel_matches_the_torch_dequantizer(qtype: GGMLQuantizationType) -> None:
+    n, k = 20, 512
+    weight = random_gguf(qtype, n, k, seed=11)
+    expected = dequantize(weight.data, qtype, (n, k))
+    out = gguf_dequantize(weight.data.to(DEVICE), qtype, (n, k), torch.float32)
+    # the same float32 operations; a GPU may fuse a multiply and an add
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-6 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)
+def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) -> None:
+    n, k, rows = 24, 512, DEQUANTIZE_MIN_ROWS
+    weight = random_gguf(qtype, n, k, seed=12)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
+    out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k))
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)

@@ -5,13 +5,15 @@ tile in registers per step. For a few rows of x (decode) each program also takes
 reduces with multiply-and-sum (a GEMV: the bytes of W are the whole cost); Q4_K's GEMV first rounds x to
 int8 in runs of 32, as llama.cpp does, and multiplies a word's nibbles by it four at a time (dp4a), since
 decoding each weight to a float cost more instructions than its bytes took to arrive. For more rows it takes
-BLOCK_M of them and the tile goes through tl.dot on the tensor cores. The decoding of every type
-follows wick/loader/gguf_dequant.py, which is the reference in the tests.
+BLOCK_M of them and the tile goes through tl.dot on the tensor cores; from DEQUANTIZE_MIN_ROWS rows (prefill,
+large batches) W is decoded whole into x's dtype and cuBLAS multiplies. The decoding of every type follows
+wick/loader/gguf_dequant.py, which is the reference in the tests.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -28,6 +30,9 @@ _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
+# Rows of x from which W is dequantized whole to x's dtype and multiplied by cuBLAS (benchmarks/kernels/
+# bench_quant_gemm.py): there the tensor cores' work outweighs writing and reading W once more.
+DEQUANTIZE_MIN_ROWS = 64
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
 # of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
@@ -160,6 +165,38 @@ def _gguf_matmul_kernel(
 
 
 @triton.jit
+def _dequantize_kernel(w_ptr, levels_ptr, out_ptr, N, row_bytes, stride_on,
+                       QTYPE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_B: tl.constexpr):
+    """BLOCK_N rows of W times BLOCK_B of their blocks, decoded to out [N, K]."""
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    safe_n = tl.where(n_mask, rows, 0).to(tl.int64)
+    e = tl.arange(0, BS)
+    e2 = e[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32)
+    for bb in tl.static_range(BLOCK_B):
+        b = tl.program_id(1) * BLOCK_B + bb
+        w = _decode(w_ptr + safe_n[:, None] * row_bytes + b * TS, e2, levels_ptr, QTYPE)
+        out = out_ptr + safe_n[:, None] * stride_on + b * BS + e[None, :]
+        tl.store(out, w.to(out_ptr.dtype.element_ty), mask=n_mask[:, None])
+
+
+def gguf_dequantize(data: torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int],
+                    dtype: torch.dtype) -> torch.Tensor:
+    """W [N, K] in `dtype` from `data` [N, row bytes] of `qtype` blocks (a Triton type)."""
+    n, k = shape
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
+    out = torch.empty(n, k, dtype=dtype, device=data.device)
+    blocks = k // block_size
+    block_b = math.gcd(blocks, max(1, 256 // block_size))
+    block_n = 16
+    _dequantize_kernel[(triton.cdiv(n, block_n), blocks // block_b)](
+        data, _levels(data.device), out, n, data.stride(0), out.stride(0),
+        QTYPE=_CODES[qtype], BS=block_size, TS=type_size, BLOCK_N=block_n, BLOCK_B=block_b)
+    return out
+
+
+@triton.jit
 def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, row_words,
                          SPLIT_BLOCKS, SPLITS, stride_om,
                          BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr):
@@ -233,16 +270,19 @@ def q4_k_words_ok(data: torch.Tensor) -> bool:
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType,
                 shape: tuple[int, int], gemv_config: tuple[int, int, int, int] | None = None,
-                split_k: int | None = None) -> torch.Tensor:
+                split_k: int | None = None, dequantize_min_rows: int = DEQUANTIZE_MIN_ROWS) -> torch.Tensor:
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
     gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the Q4_K GEMV and
-    split_k its splits of K, for benchmarks and tests; None picks them."""
+    split_k its splits of K, for benchmarks and tests; None picks them. From dequantize_min_rows rows of x on,
+    W is dequantized whole and multiplied by torch."""
     n, k = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if m >= max(dequantize_min_rows, GEMV_MAX_ROWS + 1):
+        return (x2 @ gguf_dequantize(data, qtype, shape, x.dtype).t()).reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
