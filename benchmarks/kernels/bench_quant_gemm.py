@@ -1,6 +1,5 @@
-"""Quantized weights against many rows of x (prefill, large decode batches): a GGUF layer's matmul by the
-dequantize-in-tile kernel and by dequantizing W whole for cuBLAS, against bf16's x @ W^T, at Llama-3.1-8B's
-linear layers, for each row count. Where the second overtakes the first is DEQUANTIZE_MIN_ROWS.
+"""GGUF weights against many rows of x (prefill, larger decode batches): gguf_matmul (W dequantized whole for
+cuBLAS) against bf16's x @ W^T at Llama-3.1-8B's linear layers, for each row count.
 
     python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K] [--rows 16 64 256 2048 8192]
 """
@@ -35,20 +34,16 @@ def main() -> None:
         blocks[..., :4] = torch.full((n, k // block_size, 2), 1e-3, dtype=torch.float16,
                                      device="cuda").view(torch.uint8)
         layers.append((name, n, k, data, torch.randn(n, k, dtype=torch.bfloat16, device="cuda")))
-    print(f"{args.qtype}, Llama-3.1-8B's layers: ms for the four (bf16 | in-tile kernel | dequantize + cuBLAS)")
-    print("| rows | bf16 | in-tile | dequantize + cuBLAS | best vs bf16 |")
-    print("|---|---|---|---|---|")
+    print(f"{args.qtype}, Llama-3.1-8B's layers: ms for the four")
+    print(f"| rows | bf16 | {args.qtype} | vs bf16 |")
+    print("|---|---|---|---|")
     for m in args.rows:
-        totals = [0.0, 0.0, 0.0]
+        bf16 = quantized = 0.0
         for _, n, k, data, weight in layers:
             x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-            fns = [partial(torch.matmul, x, weight.t()),
-                   partial(gguf_matmul, x, data, qtype, (n, k), dequantize_min_rows=1 << 30),
-                   partial(gguf_matmul, x, data, qtype, (n, k), dequantize_min_rows=0)]
-            for i, fn in enumerate(fns):
-                totals[i] += do_bench(fn, warmup=5, rep=40)
-        bf16, tiled, dequant = totals
-        print(f"| {m} | {bf16:.3f} | {tiled:.3f} | {dequant:.3f} | {bf16 / min(tiled, dequant):.2f}x |")
+            bf16 += do_bench(partial(torch.matmul, x, weight.t()), warmup=5, rep=40)
+            quantized += do_bench(partial(gguf_matmul, x, data, qtype, (n, k)), warmup=5, rep=40)
+        print(f"| {m} | {bf16:.3f} | {quantized:.3f} | {bf16 / quantized:.2f}x |")
 
 
 if __name__ == "__main__":

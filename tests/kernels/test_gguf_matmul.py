@@ -11,7 +11,6 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.gguf_matmul import (
-    DEQUANTIZE_MIN_ROWS,
     GEMV_MAX_ROWS,
     TRITON_TYPES,
     gguf_dequantize,
@@ -105,7 +104,7 @@ def test_dequantize_kernel_matches_the_torch_dequantizer(qtype: GGMLQuantization
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)
 def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) -> None:
-    n, k, rows = 24, 512, DEQUANTIZE_MIN_ROWS
+    n, k, rows = 24, 512, GEMV_MAX_ROWS + 1
     weight = random_gguf(qtype, n, k, seed=12)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)

@@ -1,13 +1,13 @@
-"""x @ W^T with W in GGUF blocks, dequantized inside the kernel: the packed bytes are read once.
+"""x @ W^T with W in GGUF blocks.
 
-One program owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size]
-tile in registers per step. For a few rows of x (decode) each program also takes one row of x and
-reduces with multiply-and-sum (a GEMV: the bytes of W are the whole cost); Q4_K's GEMV first rounds x to
-int8 in runs of 32, as llama.cpp does, and multiplies a word's nibbles by it four at a time (dp4a), since
-decoding each weight to a float cost more instructions than its bytes took to arrive. For more rows it takes
-BLOCK_M of them and the tile goes through tl.dot on the tensor cores; from DEQUANTIZE_MIN_ROWS rows (prefill,
-large batches) W is decoded whole into x's dtype and cuBLAS multiplies. The decoding of every type follows
-wick/loader/gguf_dequant.py, which is the reference in the tests.
+For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
+owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
+step and reducing it against a row of x. Q4_K's GEMV first rounds x to int8 in runs of 32, as llama.cpp does,
+and multiplies a word's nibbles by it four at a time (dp4a), since decoding each weight to a float cost more
+instructions than its bytes took to arrive. For more rows (prefill, larger batches) W is decoded whole into
+x's dtype and cuBLAS multiplies: from 16 rows on that took 3-70x less time than decoding tiles for tl.dot did
+(docs/benchmarks.md, session 9). The decoding of every type follows wick/loader/gguf_dequant.py, which is the
+reference in the tests.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
-# Rows of x from which W is dequantized whole to x's dtype and multiplied by cuBLAS (benchmarks/kernels/
-# bench_quant_gemm.py): there the tensor cores' work outweighs writing and reading W once more.
-DEQUANTIZE_MIN_ROWS = 64
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
 # of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
@@ -128,40 +125,23 @@ def _decode(block, e, levels_ptr, QTYPE: tl.constexpr):
     return w
 
 
-@triton.jit(do_not_specialize=["M"])
-def _gguf_matmul_kernel(
-    x_ptr, w_ptr, levels_ptr, out_ptr, M, N, K, stride_xm, row_bytes, stride_om,
-    QTYPE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GEMV: tl.constexpr,
-):
-    pid_m = tl.program_id(0)
+@triton.jit
+def _gguf_gemv_kernel(x_ptr, w_ptr, levels_ptr, out_ptr, N, stride_xm, row_bytes, stride_om, K,
+                      QTYPE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr, BLOCK_N: tl.constexpr):
     rows_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows_n < N
     # Rows past N read row 0 and are not stored.
     safe_n = tl.where(n_mask, rows_n, 0).to(tl.int64)
     e = tl.arange(0, BS)
     e2 = e[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32)
-    if GEMV:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-        x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-        for b in range(0, K // BS):
-            block = w_ptr + safe_n[:, None] * row_bytes + b * TS
-            w = _decode(block, e2, levels_ptr, QTYPE)
-            x = tl.load(x_row + b * BS + e).to(tl.float32)
-            acc += tl.sum(w * x[None, :], axis=1)
-        tl.store(out_ptr + pid_m.to(tl.int64) * stride_om + rows_n, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        m_mask = rows_m < M
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-        x_rows = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm
-        for b in range(0, K // BS):
-            block = w_ptr + safe_n[:, None] * row_bytes + b * TS
-            w = _decode(block, e2, levels_ptr, QTYPE).to(x_ptr.dtype.element_ty)
-            x = tl.load(x_rows + b * BS + e[None, :], mask=m_mask[:, None], other=0.0)
-            acc += tl.dot(x, tl.trans(w), out_dtype=tl.float32)
-        out = out_ptr + rows_m.to(tl.int64)[:, None] * stride_om + rows_n[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    for b in range(0, K // BS):
+        w = _decode(w_ptr + safe_n[:, None] * row_bytes + b * TS, e2, levels_ptr, QTYPE)
+        x = tl.load(x_row + b * BS + e).to(tl.float32)
+        acc += tl.sum(w * x[None, :], axis=1)
+    out = out_ptr + tl.program_id(0).to(tl.int64) * stride_om + rows_n
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -270,24 +250,22 @@ def q4_k_words_ok(data: torch.Tensor) -> bool:
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType,
                 shape: tuple[int, int], gemv_config: tuple[int, int, int, int] | None = None,
-                split_k: int | None = None, dequantize_min_rows: int = DEQUANTIZE_MIN_ROWS) -> torch.Tensor:
+                split_k: int | None = None) -> torch.Tensor:
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
     gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the Q4_K GEMV and
-    split_k its splits of K, for benchmarks and tests; None picks them. From dequantize_min_rows rows of x on,
-    W is dequantized whole and multiplied by torch."""
+    split_k its splits of K, for benchmarks and tests; None picks them."""
     n, k = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if m >= max(dequantize_min_rows, GEMV_MAX_ROWS + 1):
+    if m > GEMV_MAX_ROWS:
         return (x2 @ gguf_dequantize(data, qtype, shape, x.dtype).t()).reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    gemv = m <= GEMV_MAX_ROWS
-    if gemv and qtype == T.Q4_K and q4_k_words_ok(data):
+    if qtype == T.Q4_K and q4_k_words_ok(data):
         block_n, block_b, warps, split_warps = gemv_config or Q4_K_GEMV_CONFIG
         while (k // 256) % block_b:
             block_b //= 2
@@ -299,10 +277,8 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
             split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,
             num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
-    block_m = 1 if gemv else 16 if m <= 16 else 32
     block_n = 32 if block_size == 256 else 64
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _gguf_matmul_kernel[grid](
-        x2, data, _levels(x.device), out, m, n, k, x2.stride(0), data.stride(0), out.stride(0),
-        QTYPE=_CODES[qtype], BS=block_size, TS=type_size, BLOCK_M=block_m, BLOCK_N=block_n, GEMV=gemv)
+    _gguf_gemv_kernel[(m, triton.cdiv(n, block_n))](
+        x2, data, _levels(x.device), out, n, x2.stride(0), data.stride(0), out.stride(0), k,
+        QTYPE=_CODES[qtype], BS=block_size, TS=type_size, BLOCK_N=block_n)
     return out.reshape(*x.shape[:-1], n)
