@@ -78,9 +78,6 @@ def _fp8_gemv_kernel(
 
 
 GEMV_MAX_ROWS = 8
-# Rows of x from which W is dequantized whole to x's dtype for cuBLAS (prefill: the tiled kernel took 50x
-# bf16's time for 8,192 rows on an H200, docs/benchmarks.md session 9).
-DEQUANTIZE_MIN_ROWS = 64
 # Rows per program, columns per step and warps of the GEMV (benchmarks/kernels/bench_quant_gemv.py).
 FP8_GEMV_CONFIG = (4, 1024, 2)
 
@@ -94,8 +91,6 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if m >= DEQUANTIZE_MIN_ROWS:
-        return (x2 @ fp8_dequantize(weight, scale, block).to(x.dtype).t()).reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)

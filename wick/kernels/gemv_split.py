@@ -25,15 +25,15 @@ class SplitK:
     """The splits of one GEMV launch: `splits`, `steps` (of each split), and the kernel's `work` and `counts`
     arguments (the output itself where K is not split)."""
 
-    def __init__(self, steps: int, warps: int, warps_per_sm: int, out: torch.Tensor, tiles: int,
+    def __init__(self, steps: int, tiles: int, warps: int, warps_per_sm: int, out: torch.Tensor,
                  splits: int | None = None) -> None:
-        """steps: the kernel's steps along K; warps: the warps of the grid without splitting; warps_per_sm: the
-        warps an SM that splitting aims at (0: none); tiles: the grid's output tiles; splits: a fixed count
-        instead, for benchmarks and tests."""
+        """steps: the kernel's steps along K; tiles: the grid's programs without splitting (its output tiles);
+        warps: each program's; warps_per_sm: the warps an SM that splitting aims at (0: none); splits: a fixed
+        count instead, for benchmarks and tests."""
         if splits is None:
             sms = (torch.cuda.get_device_properties(out.device).multi_processor_count
                    if out.device.type == "cuda" else 1)
-            splits = max(1, min(triton.cdiv(warps_per_sm * sms, warps), steps // 2)) if warps_per_sm else 1
+            splits = max(1, min(triton.cdiv(warps_per_sm * sms, tiles * warps), steps // 2)) if warps_per_sm else 1
         if tiles > MAX_TILES:
             splits = 1
         self.steps = triton.cdiv(steps, splits)

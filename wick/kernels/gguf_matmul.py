@@ -271,7 +271,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
             block_b //= 2
         xq, xd, xs = quantize_q8(x2)
         grid = (m, triton.cdiv(n, block_n))
-        split = SplitK(k // 256 // block_b, m * grid[1] * warps, split_warps, out, m * grid[1], split_k)
+        split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
         _q4_k_q8_gemv_kernel[(*grid, split.splits)](
             xq, xd, xs, data, out, split.work, split.counts, m, n, k, data.stride(0) // 4, split.steps * block_b,
             split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,

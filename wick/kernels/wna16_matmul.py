@@ -163,9 +163,6 @@ def _w4a8_gemv_kernel(
 
 
 GEMV_MAX_ROWS = 8
-# Rows of x from which W is dequantized whole to x's dtype for cuBLAS (prefill: the tiled kernel took 8x
-# bf16's time for 8,192 rows on an H200, docs/benchmarks.md session 9).
-DEQUANTIZE_MIN_ROWS = 64
 # Columns per program, input rows per step, warps, and the warps an SM that splitting K of the int8 form aims
 # at, of the contiguous-group GEMV (benchmarks/kernels/bench_quant_gemv.py).
 WNA16_GEMV_CONFIG = (32, 128, 2, 32)
@@ -183,9 +180,6 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if m >= DEQUANTIZE_MIN_ROWS:
-        w = wna16_dequantize(qweight, scales.to(x.dtype), zeros.to(x.dtype), g_idx, bits)
-        return (x2 @ w).reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
@@ -196,7 +190,7 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         if bits == 4 and step % 32 == 0 and k % step == 0:
             xq, xd, xs = quantize_q8(x2, interleave=True)
             grid = (m, triton.cdiv(n, block_n))
-            split = SplitK(k // step, m * grid[1] * warps, split_warps, out, m * grid[1], split_k)
+            split = SplitK(k // step, m * grid[1], warps, split_warps, out, split_k)
             _w4a8_gemv_kernel[(*grid, split.splits)](
                 xq, xd, xs, qweight, scales, zeros, out, split.work, split.counts, m, n, k, group, split.steps,
                 split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_K=step, SPLIT=split.splits > 1, DP4A=DP4A,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from wick.kernels.fp8_matmul import fp8_dequantize
-from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
+from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
 
@@ -137,7 +137,8 @@ class Fp8LinearMethod(LinearMethod):
         return [layer.fp8_scale]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda and torch.cuda.get_device_capability(x.device) >= (8, 9):
+        if (x.is_cuda and x.numel() < DEQUANTIZE_MIN_ROWS * x.shape[-1]
+                and torch.cuda.get_device_capability(x.device) >= (8, 9)):
             from wick.kernels.fp8_matmul import fp8_matmul
 
             out = fp8_matmul(x, layer.weight, layer.fp8_scale, layer.fp8_block)

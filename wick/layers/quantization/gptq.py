@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from wick.kernels.wna16_matmul import pack_rows, unpack_rows, wna16_dequantize
-from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
+from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
 
 
 class GPTQConfig(QuantizationConfig):
@@ -140,7 +140,7 @@ def wna16_held_tensors(layer: nn.Module) -> list[torch.Tensor]:
 def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     if layer.wna16_perm is not None:
         x = x.index_select(-1, layer.wna16_perm)
-    if x.is_cuda:
+    if x.is_cuda and x.numel() < DEQUANTIZE_MIN_ROWS * x.shape[-1]:
         from wick.kernels.wna16_matmul import wna16_matmul
 
         out = wna16_matmul(x, layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits,
