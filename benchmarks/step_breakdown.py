@@ -5,6 +5,8 @@ sampling that waits for the GPU (sample). Wraps the calls with timers; prints me
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -61,6 +63,8 @@ def main() -> None:
                         help="then run this many steps under the torch profiler and print where the time goes")
     parser.add_argument("--profile-sort", default="self_cpu_time_total",
                         help="the profiler table's order: self_cpu_time_total (the host) or self_cuda_time_total")
+    parser.add_argument("--cprofile-steps", type=int, default=0,
+                        help="then run this many steps under cProfile and print the host functions by own time")
     args = parser.parse_args()
     print_environment()
     StepChannel.send = _timed(StepChannel.send, "sending the step to the other ranks")
@@ -93,6 +97,12 @@ def main() -> None:
         median = ordered[len(values) // 2]
         print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step (median {median * 1e6:,.0f}, "
               f"max {ordered[-1] * 1e6:,.0f}; {len(values)} calls)")
+    if args.cprofile_steps:
+        params = SamplingParams(max_tokens=args.cprofile_steps, ignore_eos=True, temperature=0.0)
+        profile = cProfile.Profile()
+        profile.runcall(llm.generate, prompts, params)
+        print(f"cProfile, {args.cprofile_steps} steps (times in total):")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(40)
     if args.profile_steps:
         params = SamplingParams(max_tokens=args.profile_steps, ignore_eos=True, temperature=0.0)
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]

@@ -1,4 +1,4 @@
-"""CUDA graphs for pure-decode steps: one graph per captured batch size, inputs in static buffers,
+"""CUDA graphs for pure-decode steps: one graph per captured batch size, inputs in the step buffers,
 a batch padded up to the next captured size."""
 
 from __future__ import annotations
@@ -6,11 +6,13 @@ from __future__ import annotations
 import bisect
 import logging
 
+import numpy as np
 import torch
 from torch import nn
 
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
+from wick.worker.step_buffers import PackedStep, StepBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -24,68 +26,75 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: nn.Module, backend: AttentionBackend, max_num_seqs: int, max_model_len: int,
-                 block_size: int, device: torch.device) -> None:
+    """Each graph runs the forward and the LM head on the step buffers' decode sections of its batch size
+    (the block table excepted: a graph reads its own, as wide as the longest context)."""
+
+    def __init__(self, model: nn.Module, backend: AttentionBackend, buffers: StepBuffers, max_num_seqs: int,
+                 max_model_len: int, block_size: int, device: torch.device) -> None:
         self.model = model
         self.backend = backend
+        self.buffers = buffers
         self.sizes = capture_sizes(max_num_seqs)
         self.max_model_len = max_model_len
-        max_bs = self.sizes[-1]
         max_blocks = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=device)
-        self.positions = torch.zeros(max_bs, dtype=torch.long, device=device)
-        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.long, device=device)
-        self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=device)
-        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros((max_bs, max_blocks), dtype=torch.int32, device=device)
+        self.block_tables = torch.zeros((self.sizes[-1], max_blocks), dtype=torch.int32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @property
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
-    def _metadata(self, bs: int, seq_lens_cpu: list[int],
-                  block_tables_cpu: list[list[int]] | None) -> AttentionMetadata:
+    def batch_size(self, num_reqs: int) -> int:
+        """The captured batch size a decode step of num_reqs requests is padded to."""
+        return self.sizes[bisect.bisect_left(self.sizes, num_reqs)]
+
+    def _metadata(self, bs: int, seq_lens_cpu: list[int], block_tables_cpu: np.ndarray | None) -> AttentionMetadata:
         # Kernels size their grids from the batch size and max_seq_len; the graph is captured with the
         # longest possible context so one graph serves every step.
+        _, _, slots, query_start_loc, seq_lens = self.buffers.decode_views(bs)
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
-            seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs], max_query_len=1,
-            max_seq_len=self.max_model_len, query_start_loc_cpu=list(range(bs + 1)),
-            seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu, cuda_graph=True)
+            slot_mapping=slots, query_start_loc=query_start_loc, seq_lens=seq_lens,
+            block_tables=self.block_tables[:bs], max_query_len=1, max_seq_len=self.max_model_len,
+            query_start_loc_cpu=list(range(bs + 1)), seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu,
+            cuda_graph=True)
+
+    def _forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, positions = self.buffers.decode_views(bs)[:2]
+        hidden = self.model(ids, positions)
+        return hidden, self.model.compute_logits(hidden).float()
 
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         for bs in reversed(self.sizes):
-            metadata = self._metadata(bs, [self.max_model_len] * bs, [[0] * self.block_tables.shape[1]] * bs)
+            self.buffers.fill_decode(bs)
+            metadata = self._metadata(bs, [self.max_model_len] * bs,
+                                      np.zeros((bs, self.block_tables.shape[1]), dtype=np.int32))
             self.backend.prepare(metadata)
             with set_forward_context(metadata, self.backend):
-                self.model(self.input_ids[:bs], self.positions[:bs])  # warm-up: compile kernels outside capture
+                self._forward(bs)  # warm-up: compile kernels outside capture
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[bs] = self.model(self.input_ids[:bs], self.positions[:bs])
+                    self.outputs[bs] = self._forward(bs)
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata) -> torch.Tensor:
-        """Input ids and positions are already on the device; returns the hidden states of the n real rows."""
-        n = input_ids.numel()
-        bs = self.sizes[bisect.bisect_left(self.sizes, n)]
-        self.input_ids[:n].copy_(input_ids)
-        self.positions[:n].copy_(positions)
-        self.slot_mapping[:n].copy_(metadata.slot_mapping)
-        self.slot_mapping[n:bs].fill_(-1)
-        self.seq_lens[:n].copy_(metadata.seq_lens)
-        self.seq_lens[n:bs].fill_(1)
-        self.block_tables[:n, : metadata.block_tables.shape[1]].copy_(metadata.block_tables)
-        # Padding rows: one token of context, nothing written. Backends that plan on the host do it now.
-        tables = metadata.block_tables_cpu
-        self.backend.prepare(self._metadata(bs, metadata.seq_lens_cpu + [1] * (bs - n),
-                                            None if tables is None else tables + [[0]] * (bs - n)))
+    def run(self, step: PackedStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replays the graph of the step's padded batch size; returns the hidden states and float32 logits
+        of its real rows."""
+        metadata, n = step.metadata, step.num_reqs
+        bs = len(metadata.seq_lens_cpu)
+        tables = metadata.block_tables
+        self.block_tables[:n, :tables.shape[1]].copy_(tables)
+        # Backends that plan on the host do it now; padding rows have one token of context.
+        host_tables = metadata.block_tables_cpu
+        if host_tables is not None and bs > n:
+            host_tables = np.concatenate([host_tables, np.zeros((bs - n, host_tables.shape[1]), np.int32)])
+        self.backend.prepare(self._metadata(bs, metadata.seq_lens_cpu, host_tables))
         self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        hidden, logits = self.outputs[bs]
+        return hidden[:n], logits[:n]

@@ -4,13 +4,27 @@ per-step tensors built from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
+import numpy as np
 import torch
 
 from wick.core.sched_output import GrammarBitmask, SchedulerOutput
 from wick.layers.sampler import SamplingMetadata
 from wick.pooling_params import PoolingParams
-from wick.sampling_params import SamplingParams
+from wick.sampling_params import _GREEDY_EPS, SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """A request's sampling settings as one row of the sampler's tables (they never change)."""
+
+    # temperature, top_p, min_p, presence penalty, frequency penalty, repetition penalty
+    floats: tuple[float, float, float, float, float, float]
+    top_k: int
+    seed: int  # folded into int64
+    logprobs: int | None
+    adjusts_logits: bool  # logit_bias or min_tokens: the rows the sampler metadata looks at one by one
 
 
 @dataclass
@@ -25,6 +39,7 @@ class CachedRequestState:
     # Tokens sampled by steps whose results have not reached the host yet (not in token_ids).
     num_pending: int = 0
     pooling_params: PoolingParams | None = None
+    row: int = -1  # its row in the batch's block table
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -39,6 +54,13 @@ class CachedRequestState:
     def num_output_tokens(self) -> int:
         """Every token sampled so far, pending ones included."""
         return self.num_tokens - len(self.prompt_token_ids)
+
+    @cached_property
+    def sampling_row(self) -> SamplingRow:
+        sp = self.sampling_params
+        return SamplingRow((sp.temperature, sp.top_p, sp.min_p, sp.presence_penalty, sp.frequency_penalty,
+                            sp.repetition_penalty), sp.top_k, _fold_int64(self.seed), sp.logprobs,
+                           bool(sp.logit_bias) or sp.min_tokens > 0)
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -58,23 +80,32 @@ class ScheduledState:
 
 
 class InputBatch:
-    def __init__(self) -> None:
+    """The worker's requests, and their block ids again as rows of one numpy table (row per request,
+    reused when a request leaves) from which a step's block table and slots are gathered at once."""
+
+    def __init__(self, num_rows: int = 16, num_blocks: int = 16) -> None:
         self.requests: dict[str, CachedRequestState] = {}
+        self.block_table = np.zeros((num_rows, num_blocks), dtype=np.int32)
+        self.num_blocks = np.zeros(num_rows, dtype=np.int32)
+        self._free_rows = list(range(num_rows - 1, -1, -1))
 
     def update(self, scheduler_output: SchedulerOutput) -> list[ScheduledState]:
         """Applies one step's contract; returns the step's requests in the scheduler's order."""
         for rid in scheduler_output.finished_req_ids:
-            self.requests.pop(rid, None)
+            self._remove(rid)
         for rid in scheduler_output.preempted_req_ids:
-            self.requests.pop(rid, None)
+            self._remove(rid)
         for new in scheduler_output.scheduled_new_reqs:
-            self.requests[new.req_id] = CachedRequestState(
+            state = self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.prompt_token_ids), list(new.prompt_token_ids) + list(new.output_token_ids),
                 new.sampling_params, new.seed, list(new.block_ids), new.num_computed_tokens,
-                pooling_params=new.pooling_params)
+                pooling_params=new.pooling_params, row=self._take_row())
+            self._append_blocks(state.row, new.block_ids)
         for cached in scheduler_output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             state.block_ids.extend(cached.new_block_ids)
+            if cached.new_block_ids:
+                self._append_blocks(state.row, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
         scheduled = []
         for rid, n in scheduler_output.num_scheduled_tokens.items():
@@ -85,21 +116,52 @@ class InputBatch:
             state.num_computed_tokens = start + n
         return scheduled
 
+    def _remove(self, rid: str) -> None:
+        state = self.requests.pop(rid, None)
+        if state is not None:
+            self.num_blocks[state.row] = 0
+            self._free_rows.append(state.row)
+
+    def _take_row(self) -> int:
+        if not self._free_rows:
+            rows = len(self.num_blocks)
+            self.block_table = np.concatenate([self.block_table, np.zeros_like(self.block_table)])
+            self.num_blocks = np.concatenate([self.num_blocks, np.zeros_like(self.num_blocks)])
+            self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
+        return self._free_rows.pop()
+
+    def _append_blocks(self, row: int, block_ids: list[int]) -> None:
+        start = int(self.num_blocks[row])
+        end = start + len(block_ids)
+        width = self.block_table.shape[1]
+        if end > width:
+            grown = np.zeros((len(self.num_blocks), max(end, 2 * width)), dtype=np.int32)
+            grown[:, :width] = self.block_table
+            self.block_table = grown
+        self.block_table[row, start:end] = block_ids
+        self.num_blocks[row] = end
+
 
 def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, device: torch.device,
                             grammar: GrammarBitmask | None = None) -> SamplingMetadata:
     """The sampler's tensors for these rows. `grammar`'s bitmask is on the CPU (pinned on a GPU machine)."""
-    params = [state.sampling_params for state in states]
-    random_params = [sp for sp in params if not sp.greedy]
-    use_repetition = any(sp.repetition_penalty != 1.0 for sp in params)
-    use_penalties = use_repetition or any(sp.presence_penalty != 0.0 or sp.frequency_penalty != 0.0 for sp in params)
+    rows = [state.sampling_row for state in states]
+    floats = np.array([row.floats for row in rows], dtype=np.float64).T
+    temperature, top_p, min_p, presence, frequency, repetition = floats
+    top_k = np.fromiter((row.top_k for row in rows), np.int64, len(rows))
+    randoms = temperature >= _GREEDY_EPS
+    use_repetition = bool((repetition != 1.0).any())
+    use_penalties = use_repetition or bool((presence != 0.0).any() or (frequency != 0.0).any())
 
     bias_rows: list[int] = []
     bias_ids: list[int] = []
     bias_values: list[float] = []
     suppress_rows: list[int] = []
     suppress_ids: list[int] = []
-    for row, (state, sp) in enumerate(zip(states, params, strict=True)):
+    for row, (state, settings) in enumerate(zip(states, rows, strict=True)):
+        if not settings.adjusts_logits:
+            continue
+        sp = state.sampling_params
         for token_id, bias in (sp.logit_bias or {}).items():
             if not 0 <= int(token_id) < vocab_size:
                 raise ValueError(f"logit_bias token {token_id} is outside the vocabulary "
@@ -126,30 +188,30 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
         output_counts = _token_table([s.output_token_ids for s in states], vocab_size, torch.float32, device)
     if use_repetition:
         prompt_mask = _token_table([s.prompt_token_ids for s in states], vocab_size, torch.bool, device)
-    asked = [sp.logprobs for sp in params if sp.logprobs is not None]
+    asked = [row.logprobs for row in rows if row.logprobs is not None]
     grammar_rows = None
     if grammar is not None:
         row_of = {state.req_id: row for row, state in enumerate(states)}
         grammar_rows = [row_of[rid] for rid in grammar.req_ids]
     # Two host-to-device copies for the per-row settings instead of one blocking copy each.
-    pinned = device.type == "cuda"
-    floats = torch.tensor([[sp.temperature for sp in params], [sp.top_p for sp in params],
-                           [sp.min_p for sp in params], [sp.presence_penalty for sp in params],
-                           [sp.frequency_penalty for sp in params], [sp.repetition_penalty for sp in params]],
-                          dtype=torch.float32, pin_memory=pinned).to(device, non_blocking=True)
-    ints = torch.tensor([[sp.top_k for sp in params], [_fold_int64(s.seed) for s in states],
-                         [s.num_output_tokens for s in states]],
-                        dtype=torch.int64, pin_memory=pinned).to(device, non_blocking=True)
+    steps = np.fromiter((len(s.token_ids) + s.num_pending - len(s.prompt_token_ids) for s in states), np.int64,
+                        len(states))
+    ints = np.stack([top_k, np.fromiter((row.seed for row in rows), np.int64, len(rows)), steps])
+    floats_t, ints_t = torch.from_numpy(floats.astype(np.float32)), torch.from_numpy(ints)
+    if device.type == "cuda":
+        floats_t = floats_t.pin_memory().to(device, non_blocking=True)
+        ints_t = ints_t.pin_memory().to(device, non_blocking=True)
+    random_top_k, random_top_p, random_min_p = top_k[randoms], top_p[randoms], min_p[randoms]
     return SamplingMetadata(
-        temperature=floats[0],
-        top_p=floats[1],
-        top_k=ints[0],
-        min_p=floats[2],
-        presence_penalty=floats[3],
-        frequency_penalty=floats[4],
-        repetition_penalty=floats[5],
-        seeds=ints[1],
-        steps=ints[2],
+        temperature=floats_t[0],
+        top_p=floats_t[1],
+        top_k=ints_t[0],
+        min_p=floats_t[2],
+        presence_penalty=floats_t[3],
+        frequency_penalty=floats_t[4],
+        repetition_penalty=floats_t[5],
+        seeds=ints_t[1],
+        steps=ints_t[2],
         output_counts=output_counts,
         prompt_mask=prompt_mask,
         bias_rows=tensor(bias_rows, torch.int64) if bias_rows else None,
@@ -158,11 +220,11 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
         suppress_rows=tensor(suppress_rows, torch.int64) if suppress_rows else None,
         suppress_token_ids=tensor(suppress_ids, torch.int64) if suppress_rows else None,
         max_num_logprobs=max(asked) if asked else None,
-        all_greedy=not random_params,
-        all_random=len(random_params) == len(params),
-        no_top_k=all(sp.top_k == 0 for sp in random_params),
-        no_top_p=all(sp.top_p >= 1.0 for sp in random_params),
-        no_min_p=all(sp.min_p == 0.0 for sp in random_params),
+        all_greedy=not randoms.any(),
+        all_random=bool(randoms.all()),
+        no_top_k=bool((random_top_k == 0).all()),
+        no_top_p=bool((random_top_p >= 1.0).all()),
+        no_min_p=bool((random_min_p == 0.0).all()),
         grammar_rows=tensor(grammar_rows, torch.int64) if grammar is not None else None,
         grammar_bitmask=grammar.bitmask.to(device, non_blocking=True) if grammar is not None else None,
     )

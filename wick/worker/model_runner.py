@@ -21,9 +21,10 @@ from wick.layers.quantization.base import quantization_scope
 from wick.layers.sampler import LogprobsTensors, Sampler, compute_prompt_logprobs
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
-from wick.worker.cuda_graph import DecodeGraphs
+from wick.worker.cuda_graph import DecodeGraphs, capture_sizes
 from wick.worker.input_batch import CachedRequestState, InputBatch, ScheduledState, build_sampling_metadata
 from wick.worker.pooling import PooledBatch, pool_scheduled, run_encoder
+from wick.worker.step_buffers import StepBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,10 @@ class ModelRunner:
         self.model = self._load_model()
         # every layer that keeps a paged KV cache declares its shapes (Attention; MLA its compressed one)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
-        self.input_batch = InputBatch()
+        self.input_batch = InputBatch(config.max_num_seqs, -(-config.max_model_len // self.block_size))
+        graph_rows = capture_sizes(config.max_num_seqs)[-1]
+        self.buffers = StepBuffers(max(config.max_num_batched_tokens, graph_rows), graph_rows,
+                                   -(-config.max_model_len // self.block_size), self.block_size, self.device)
         self._forward: _ForwardResult | None = None
         self._pending: deque[_PendingStep] = deque()
         self.backend = get_attention_backend(config.args.attention_backend, self.device, config.kv_cache_dtype)
@@ -173,8 +177,8 @@ class ModelRunner:
         if (self.device.type != "cuda" or cfg.args.enforce_eager or not self.backend.supports_cuda_graph
                 or not getattr(self.model, "supports_cuda_graph", True)):
             return
-        self.decode_graphs = DecodeGraphs(self.model, self.backend, cfg.max_num_seqs, cfg.max_model_len,
-                                          self.block_size, self.device)
+        self.decode_graphs = DecodeGraphs(self.model, self.backend, self.buffers, cfg.max_num_seqs,
+                                          cfg.max_model_len, self.block_size, self.device)
         self.decode_graphs.capture()
 
     @property
@@ -194,56 +198,31 @@ class ModelRunner:
             hidden, query_start = run_encoder(self.model, self.backend, scheduled, self.device)
             self._forward = _ForwardResult([], None, {}, pool_scheduled(pooler, hidden, scheduled, query_start))
             return
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_start = [0]
-        seq_lens: list[int] = []
-        gather_dst: list[int] = []
-        gather_src: list[int] = []
-        bs = self.block_size
-        for item in scheduled:
-            state, start, n = item.state, item.start, item.num_new_tokens
-            input_ids.extend(state.token_ids[start:start + n])
-            if start + n > len(state.token_ids):  # the last input is the previous step's sample
-                gather_dst.append(len(input_ids))
-                gather_src.append(self._pending[-1].row_of[state.req_id])
-                input_ids.append(0)
-            positions.extend(range(start, start + n))
-            slots.extend(state.block_ids[p // bs] * bs + p % bs for p in range(start, start + n))
-            query_start.append(query_start[-1] + n)
-            seq_lens.append(start + n)
-        max_blocks = max(len(item.state.block_ids) for item in scheduled)
-        tables = [item.state.block_ids + [0] * (max_blocks - len(item.state.block_ids)) for item in scheduled]
-
-        to_device = self._to_device
-        input_ids_t = to_device(input_ids, torch.long)
-        if gather_dst:
+        graphs = self.decode_graphs
+        pad_to = None
+        if graphs is not None and len(scheduled) <= graphs.max_batch_size and all(
+                item.num_new_tokens == 1 for item in scheduled):
+            pad_to = graphs.batch_size(len(scheduled))
+        previous_rows = self._pending[-1].row_of if self._pending else {}
+        step = self.buffers.pack(scheduled, self.input_batch, previous_rows, pad_to)
+        if step.gather is not None:
             previous = self._pending[-1].sampled
             assert previous is not None
-            input_ids_t[to_device(gather_dst, torch.long)] = previous[to_device(gather_src, torch.long)]
-        metadata = AttentionMetadata(
-            slot_mapping=to_device(slots, torch.long),
-            query_start_loc=to_device(query_start, torch.int32),
-            seq_lens=to_device(seq_lens, torch.int32),
-            block_tables=to_device(tables, torch.int32),
-            max_query_len=max(item.num_new_tokens for item in scheduled),
-            max_seq_len=max(seq_lens), query_start_loc_cpu=query_start, seq_lens_cpu=seq_lens,
-            block_tables_cpu=tables)
-        graphs = self.decode_graphs
-        if graphs is not None and metadata.max_query_len == 1 and len(scheduled) <= graphs.max_batch_size:
-            hidden = graphs.run(input_ids_t, to_device(positions, torch.long), metadata)
-        else:
-            self.backend.prepare(metadata)
-            with set_forward_context(metadata, self.backend):
-                hidden = self.model(input_ids_t, to_device(positions, torch.long))
-
+            step.input_ids[step.gather[0]] = previous[step.gather[1]]
         samplers = [item for item in scheduled if item.samples]
         logits = None
-        if samplers:
-            rows = to_device([query_start[i + 1] - 1 for i, item in enumerate(scheduled) if item.samples],
-                             torch.long)
-            logits = self.model.compute_logits(hidden[rows]).float()
+        if pad_to is not None:
+            hidden, all_logits = graphs.run(step)
+            if samplers:
+                logits = all_logits if step.logit_rows is None else all_logits[step.logit_rows]
+        else:
+            self.backend.prepare(step.metadata)
+            with set_forward_context(step.metadata, self.backend):
+                hidden = self.model(step.input_ids, step.positions)
+            if samplers:
+                rows = hidden[:len(scheduled)] if step.logit_rows is None else hidden[step.logit_rows]
+                logits = self.model.compute_logits(rows).float()
+        query_start = step.metadata.query_start_loc_cpu
         prompt_logprobs = {}
         for i, item in enumerate(scheduled):
             lps = self._prompt_logprobs(item, hidden, query_start[i])

@@ -15,6 +15,7 @@ import itertools
 from dataclasses import dataclass
 
 import flashinfer
+import numpy as np
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write
@@ -50,10 +51,10 @@ class _PageLayout:
         tables = metadata.block_tables_cpu
         if tables is None:
             tables = metadata.block_tables.tolist()
-        indices = [block for row, n in zip(tables, pages, strict=True) for block in row[:n]]
+        indices = np.concatenate([np.asarray(row[:n], dtype=np.int32) for row, n in zip(tables, pages, strict=True)])
         return cls(
             indptr=_int32(list(itertools.accumulate(pages, initial=0))),
-            indices=_int32(indices),
+            indices=torch.from_numpy(indices),
             last_page_len=_int32([n - (p - 1) * page_size for n, p in zip(seq_lens, pages, strict=True)]),
         )
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ class AttentionMetadata:
     query_start_loc_cpu: list[int]
     seq_lens_cpu: list[int]
     # Host copy of block_tables' rows (each covering at least its request's pages), when the producer has one.
-    block_tables_cpu: list[list[int]] | None = None
+    block_tables_cpu: np.ndarray | list[list[int]] | None = None
     # A decode step that DecodeGraphs captures or replays, padded up to a captured batch size.
     cuda_graph: bool = False
 
@@ -48,9 +49,9 @@ class AttentionMetadata:
         reads them, no gather), else None. Answered from block_tables_cpu once per forward."""
         key = (i, pages)
         if key not in self._page_runs:
-            row = self.block_tables_cpu[i][:pages] if self.block_tables_cpu is not None else []
-            consecutive = len(row) == pages and row == list(range(row[0], row[0] + pages))
-            self._page_runs[key] = row[0] if consecutive else None
+            row = np.asarray(self.block_tables_cpu[i][:pages] if self.block_tables_cpu is not None else [])
+            consecutive = len(row) == pages and bool((np.diff(row) == 1).all())
+            self._page_runs[key] = int(row[0]) if consecutive else None
         return self._page_runs[key]
 
     @cached_property

@@ -1,0 +1,110 @@
+"""StepBuffers.pack against the inputs written out request by request from the worker's own lists."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from wick.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from wick.sampling_params import SamplingParams
+from wick.worker.input_batch import InputBatch
+from wick.worker.step_buffers import StepBuffers
+
+BLOCK = 4
+
+
+def _reference(scheduled, previous_rows):
+    ids, positions, slots, starts, seq_lens, gathers, sample_rows = [], [], [], [0], [], [], []
+    for item in scheduled:
+        state, start, n = item.state, item.start, item.num_new_tokens
+        for p in range(start, start + n):
+            if p < len(state.token_ids):
+                ids.append(state.token_ids[p])
+            else:
+                gathers.append((len(ids), previous_rows[state.req_id]))
+                ids.append(0)
+            positions.append(p)
+            slots.append(state.block_ids[p // BLOCK] * BLOCK + p % BLOCK)
+        starts.append(starts[-1] + n)
+        seq_lens.append(start + n)
+        if item.samples:
+            sample_rows.append(starts[-1] - 1)
+    width = max(len(item.state.block_ids) for item in scheduled)
+    tables = [item.state.block_ids + [0] * (width - len(item.state.block_ids)) for item in scheduled]
+    return ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows
+
+
+def _check(step, scheduled, previous_rows):
+    ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows = _reference(scheduled, previous_rows)
+    t = len(ids)
+    m = step.metadata
+    pending = {dst for dst, _ in gathers}  # left for the gather to fill
+    assert [x for i, x in enumerate(step.input_ids[:t].tolist()) if i not in pending] == [
+        x for i, x in enumerate(ids) if i not in pending]
+    assert step.positions[:t].tolist() == positions
+    assert m.slot_mapping[:t].tolist() == slots
+    assert m.query_start_loc[:len(starts)].tolist() == starts == m.query_start_loc_cpu[:len(starts)]
+    assert m.seq_lens[:len(seq_lens)].tolist() == seq_lens == m.seq_lens_cpu[:len(seq_lens)]
+    assert m.block_tables.tolist() == tables == m.block_tables_cpu.tolist()
+    assert m.max_query_len == max(item.num_new_tokens for item in scheduled)
+    assert m.max_seq_len == max(seq_lens)
+    got_gathers = [] if step.gather is None else list(zip(*(g.tolist() for g in step.gather), strict=True))
+    assert got_gathers == gathers
+    if step.logit_rows is None:
+        assert sample_rows == list(range(len(scheduled))) and t == len(scheduled)
+    else:
+        assert step.logit_rows.tolist() == sample_rows
+
+
+def _new(rid, prompt, blocks, computed=0):
+    return NewRequestData(rid, prompt, [], SamplingParams(max_tokens=8), 0, blocks, computed)
+
+
+def test_mixed_prefill_and_decode_with_pending_tokens():
+    batch = InputBatch(num_rows=2, num_blocks=2)  # both grow
+    buffers = StepBuffers(64, 8, 16, BLOCK, torch.device("cpu"))
+    first = SchedulerOutput(scheduled_new_reqs=[_new("a", list(range(10, 19)), [7, 3, 5]),
+                                                _new("b", list(range(30, 36)), [1, 9], computed=4)],
+                            num_scheduled_tokens={"a": 6, "b": 2})
+    scheduled = batch.update(first)
+    step = buffers.pack(scheduled, batch, {})
+    _check(step, scheduled, {})
+    assert step.logit_rows.tolist() == [7]  # a's chunk ends inside its prompt; b's prompt is done
+
+    # b's sample is still on the device (overlap): it comes from row 0 of the previous step's samples.
+    second = SchedulerOutput(
+        scheduled_new_reqs=[_new("c", [1, 2, 3], [11])],
+        scheduled_cached_reqs=[CachedRequestData("a", [2, 4, 6, 8], 6), CachedRequestData("b", [], 6)],
+        num_scheduled_tokens={"a": 3, "b": 1, "c": 3})
+    scheduled = batch.update(second)
+    scheduled[1].state.num_pending = 1
+    step = buffers.pack(scheduled, batch, {"b": 0})
+    _check(step, scheduled, {"b": 0})
+    assert len(batch.num_blocks) == 4 and batch.block_table.shape[1] >= 7
+    assert batch.num_blocks[scheduled[0].state.row] == 7
+
+
+def test_decode_padded_to_a_graph_batch_and_rows_reused():
+    batch = InputBatch(num_rows=4, num_blocks=4)
+    buffers = StepBuffers(32, 8, 8, BLOCK, torch.device("cpu"))
+    rng = random.Random(0)
+    news = [_new(f"r{i}", [rng.randrange(100) for _ in range(5)], [10 + 2 * i, 11 + 2 * i]) for i in range(3)]
+    batch.update(SchedulerOutput(scheduled_new_reqs=news, num_scheduled_tokens={d.req_id: 5 for d in news}))
+    rows_before = {rid: state.row for rid, state in batch.requests.items()}
+    for state in batch.requests.values():
+        state.token_ids.append(rng.randrange(100))
+    decode = SchedulerOutput(scheduled_cached_reqs=[CachedRequestData(d.req_id, [], 5) for d in news],
+                             num_scheduled_tokens={d.req_id: 1 for d in news})
+    scheduled = batch.update(decode)
+    step = buffers.pack(scheduled, batch, {}, pad_to=8)
+    _check(step, scheduled, {})
+    assert step.logit_rows is None and step.num_reqs == 3
+    m = step.metadata
+    assert step.input_ids.numel() == 8 and step.input_ids[3:].tolist() == [0] * 5
+    assert m.slot_mapping[3:].tolist() == [-1] * 5 and m.seq_lens[3:].tolist() == [1] * 5
+    assert m.query_start_loc.tolist() == list(range(9))
+    # a finished request's row goes to the next new one, with its old blocks forgotten
+    batch.update(SchedulerOutput(finished_req_ids=["r1"], scheduled_new_reqs=[_new("d", [1, 2], [20])],
+                                 num_scheduled_tokens={"d": 2}))
+    assert batch.requests["d"].row == rows_before["r1"] and batch.num_blocks[rows_before["r1"]] == 1

@@ -1,0 +1,151 @@
+"""One step's inputs on the device, packed on the host with numpy into pinned staging arrays and taken
+across by two copies (one int64, one int32) instead of a tensor built from Python lists for each input."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from wick.layers.attention.metadata import AttentionMetadata
+from wick.worker.input_batch import InputBatch, ScheduledState
+
+
+@dataclass
+class PackedStep:
+    input_ids: torch.Tensor  # [t] int64, the pending ones still to gather from the previous step's samples
+    positions: torch.Tensor  # [t] int64
+    metadata: AttentionMetadata
+    # Where input_ids takes a token sampled by the previous step and which of its rows: None when none does.
+    gather: tuple[torch.Tensor, torch.Tensor] | None
+    # The rows of the hidden states whose logits sample, in order; None when they are rows 0 .. n - 1.
+    logit_rows: torch.Tensor | None
+    num_reqs: int  # the step's requests; a decode graph's batch may be padded past them
+
+
+class StepBuffers:
+    """Sections at offsets that depend only on a step's token count t and request count b (padding rows
+    included): the int64 array holds input ids [0, t), positions [t, 2t), slots [2t, 3t), then the gather
+    targets, their sources and the rows that sample; the int32 array holds query_start_loc [0, b + 1),
+    seq_lens [b + 1, 2b + 1), then the block table [b rows, width]. A decode graph of batch b is captured on
+    the sections of t = b, so packing a step of that shape is all its replay needs.
+
+    On a GPU the host arrays are pinned and come in two sets used in turn, so that packing a step never
+    overwrites a set whose copy the device has not made yet (one step is in flight while the next packs)."""
+
+    def __init__(self, max_tokens: int, max_reqs: int, max_blocks: int, block_size: int,
+                 device: torch.device) -> None:
+        self.block_size = block_size
+        self.max_tokens, self.max_reqs, self.max_blocks = max_tokens, max_reqs, max_blocks
+        num_longs = 3 * max_tokens + 3 * max_reqs
+        num_ints = 2 * max_reqs + 1 + max_reqs * max_blocks
+        on_gpu = device.type == "cuda"
+        sets = 2 if on_gpu else 1
+        self._longs_host = [torch.zeros(num_longs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(sets)]
+        self._ints_host = [torch.zeros(num_ints, dtype=torch.int32, pin_memory=on_gpu) for _ in range(sets)]
+        self._copied: list[torch.cuda.Event | None] = [None] * sets
+        self._set = 0
+        self.longs = torch.zeros(num_longs, dtype=torch.int64, device=device) if on_gpu else self._longs_host[0]
+        self.ints = torch.zeros(num_ints, dtype=torch.int32, device=device) if on_gpu else self._ints_host[0]
+
+    def decode_views(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """(input_ids, positions, slot_mapping, query_start_loc, seq_lens) of a decode step of `batch` rows."""
+        longs, ints = self.longs, self.ints
+        return (longs[:batch], longs[batch:2 * batch], longs[2 * batch:3 * batch], ints[:batch + 1],
+                ints[batch + 1:2 * batch + 1])
+
+    def fill_decode(self, batch: int) -> None:
+        """Inputs a decode graph can be captured on: one token of context per row, nothing written."""
+        ids, positions, slots, query_start_loc, seq_lens = self.decode_views(batch)
+        ids.zero_()
+        positions.zero_()
+        slots.fill_(-1)
+        query_start_loc.copy_(torch.arange(batch + 1, dtype=torch.int32))
+        seq_lens.fill_(1)
+
+    def pack(self, scheduled: list[ScheduledState], batch: InputBatch, previous_rows: dict[str, int],
+             pad_to: int | None = None) -> PackedStep:
+        """The step's tensors; `previous_rows` gives the row of each request in the previous step's samples
+        (for the last input of a request whose token is not on the host yet); `pad_to` pads the step to a
+        decode graph's batch with rows of one token that write nothing."""
+        n = len(scheduled)
+        b = pad_to or n
+        counts = np.fromiter((item.num_new_tokens for item in scheduled), np.int64, n)
+        starts = np.fromiter((item.start for item in scheduled), np.int64, n)
+        rows = np.fromiter((item.state.row for item in scheduled), np.int64, n)
+        t_real = int(counts.sum())
+        t = t_real + b - n
+        if t > self.max_tokens or b > self.max_reqs:
+            raise ValueError(f"a step of {t} tokens and {b} requests exceeds the buffers' {self.max_tokens} and "
+                             f"{self.max_reqs}")
+        width = int(batch.num_blocks[rows].max())
+        stage = self._set
+        if self._copied[stage] is not None:
+            self._copied[stage].synchronize()
+        longs, ints = self._longs_host[stage].numpy(), self._ints_host[stage].numpy()
+
+        query_start = ints[:b + 1]
+        query_start[0] = 0
+        np.cumsum(counts, out=query_start[1:n + 1])
+        query_start[n + 1:] = np.arange(t_real + 1, t + 1)
+        seq_lens = ints[b + 1:2 * b + 1]
+        seq_lens[:n] = starts + counts
+        seq_lens[n:] = 1
+        num_ints = 2 * b + 1 + n * width
+        table = ints[2 * b + 1:num_ints].reshape(n, width)
+        np.take(batch.block_table[:, :width], rows, axis=0, out=table)
+
+        positions = longs[t:2 * t]
+        positions[:t_real] = np.repeat(starts - query_start[:n], counts) + np.arange(t_real)
+        positions[t_real:] = 0
+        slots = longs[2 * t:3 * t]
+        bs = self.block_size
+        owner_rows = np.repeat(rows, counts)
+        slots[:t_real] = batch.block_table[owner_rows, positions[:t_real] // bs].astype(np.int64) * bs
+        slots[:t_real] += positions[:t_real] % bs
+        slots[t_real:] = -1
+
+        ids = longs[:t]
+        gather_dst: list[int] = []
+        gather_src: list[int] = []
+        offset = 0
+        for item in scheduled:
+            tokens, start, k = item.state.token_ids, item.start, item.num_new_tokens
+            end = start + k
+            if end > len(tokens):  # the last input is the previous step's sample
+                gather_dst.append(offset + k - 1)
+                gather_src.append(previous_rows[item.state.req_id])
+                end -= 1
+            if k == 1:
+                if end > start:
+                    ids[offset] = tokens[start]
+            else:
+                ids[offset:offset + end - start] = tokens[start:end]
+            offset += k
+        ids[t_real:] = 0
+        g = len(gather_dst)
+        longs[3 * t:3 * t + g] = gather_dst
+        longs[3 * t + g:3 * t + 2 * g] = gather_src
+        sampling = [i for i, item in enumerate(scheduled) if item.samples]
+        every_row = t_real == n and len(sampling) == n
+        num_rows = 0 if every_row else len(sampling)
+        num_longs = 3 * t + 2 * g + num_rows
+        if num_rows:
+            longs[3 * t + 2 * g:num_longs] = query_start[1:n + 1][sampling] - 1
+
+        if self.longs.device.type == "cuda":
+            self.longs[:num_longs].copy_(self._longs_host[stage][:num_longs], non_blocking=True)
+            self.ints[:num_ints].copy_(self._ints_host[stage][:num_ints], non_blocking=True)
+            event = self._copied[stage] = self._copied[stage] or torch.cuda.Event()
+            event.record()
+            self._set = (stage + 1) % len(self._copied)
+        dev_longs, dev_ints = self.longs, self.ints
+        metadata = AttentionMetadata(
+            slot_mapping=dev_longs[2 * t:3 * t], query_start_loc=dev_ints[:b + 1], seq_lens=dev_ints[b + 1:2 * b + 1],
+            block_tables=dev_ints[2 * b + 1:num_ints].view(n, width), max_query_len=int(counts.max()),
+            max_seq_len=int(seq_lens[:n].max()), query_start_loc_cpu=query_start.tolist(),
+            seq_lens_cpu=seq_lens.tolist(), block_tables_cpu=table)
+        gather = (dev_longs[3 * t:3 * t + g], dev_longs[3 * t + g:3 * t + 2 * g]) if g else None
+        logit_rows = dev_longs[3 * t + 2 * g:num_longs] if num_rows else None
+        return PackedStep(dev_longs[:t], dev_longs[t:2 * t], metadata, gather, logit_rows, n)
