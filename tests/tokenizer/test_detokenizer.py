@@ -100,13 +100,13 @@ def test_decodes_only_a_small_window(smollm2_tokenizer: PreTrainedTokenizerBase,
     ids = smollm2_tokenizer.encode(" ".join(TEXTS) * 20, add_special_tokens=False)
     assert len(ids) > 1000
     window_sizes = []
-    decode = smollm2_tokenizer.decode
+    decode = IncrementalDetokenizer._decode
 
-    def spy(token_ids: list[int], **kwargs: bool) -> str:
+    def spy(self: IncrementalDetokenizer, token_ids: list[int]) -> str:
         window_sizes.append(len(token_ids))
-        return decode(token_ids, **kwargs)
+        return decode(self, token_ids)
 
-    monkeypatch.setattr(smollm2_tokenizer, "decode", spy)
+    monkeypatch.setattr(IncrementalDetokenizer, "_decode", spy)
     detok = IncrementalDetokenizer(smollm2_tokenizer, [])
     for i in ids:
         detok.add_tokens([i])
@@ -121,3 +121,12 @@ def test_no_new_tokens_gives_no_text(sp_tokenizer: PreTrainedTokenizerBase) -> N
     ids = sp_tokenizer.encode("héllo wörld", add_special_tokens=False)
     assert detok.add_tokens(ids) == "héllo wörld"
     assert detok.add_tokens([]) == "" and detok.flush() == ""
+
+
+@pytest.mark.parametrize("tokenizer_name", TOKENIZERS)
+def test_fast_tokenizers_decode_in_rust_alone(request: pytest.FixtureRequest, tokenizer_name: str) -> None:
+    """Where tokenizer.decode only wraps the Rust tokenizer's decode, the detokenizer calls that directly (the
+    tests above then compare it with tokenizer.decode); where it cleans up spaces too, it keeps the wrapper."""
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    direct = IncrementalDetokenizer(tokenizer, [])._backend_decode is not None
+    assert direct == (hasattr(tokenizer, "_tokenizer") and not tokenizer.clean_up_tokenization_spaces)

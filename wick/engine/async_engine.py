@@ -8,14 +8,13 @@ to each request's asyncio queue on the event loop that called generate().
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from transformers import PreTrainedTokenizerBase
 
@@ -29,6 +28,8 @@ from wick.pooling_params import PoolingParams
 from wick.sampling_defaults import SamplingDefaults
 from wick.sampling_params import SamplingParams
 from wick.tokenizer.tokenizer import eos_token_ids, get_tokenizer
+
+T = TypeVar("T")
 
 __all__ = ["AsyncEngine", "EngineDeadError", "RequestMetrics"]
 
@@ -61,13 +62,26 @@ class _Stream:
 
     def put(self, item: RequestOutput | list[float] | BaseException | None) -> None:
         """Thread-safe; None ends the stream without an error (an abort()); a list of floats is an embedding."""
-        if _running_loop() is self.loop:
-            self.queue.put_nowait(item)
-            return
+        _put_all({self.loop: [(self, item)]})
+
+
+def _put_all(items: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]]) -> None:
+    """Puts each item into its stream's queue: one call into each other loop for all of its items (a call
+    wakes the loop, a system call each: once per step, not once per request and step)."""
+    running = _running_loop()
+    for loop, pairs in items.items():
+        if loop is running:
+            _put_now(pairs)
+            continue
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            loop.call_soon_threadsafe(_put_now, pairs)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+
+def _put_now(pairs: list[tuple[_Stream, Any]]) -> None:
+    for stream, item in pairs:
+        stream.queue.put_nowait(item)
 
 
 class AsyncEngine:
@@ -300,6 +314,7 @@ class AsyncEngine:
                 stream.put(EngineDeadError(event.reason))
 
     def _on_outputs(self, event: CoreOutputs) -> None:
+        deliveries: dict[asyncio.AbstractEventLoop, list[tuple[_Stream, Any]]] = {}
         with self._lock:
             self._core_stats = event.stats
             now = time.monotonic()
@@ -308,7 +323,7 @@ class AsyncEngine:
                 if stream is not None and out.pooling_output is not None:
                     self._prompt_tokens += stream.num_prompt_tokens
                     self._finish(out.request_id, stream, out.finish_reason)
-                    stream.put(out.pooling_output)
+                    deliveries.setdefault(stream.loop, []).append((stream, out.pooling_output))
                     continue
                 if stream is None or not out.new_token_ids:
                     continue
@@ -326,7 +341,8 @@ class AsyncEngine:
                     continue
                 if output.finished:
                     self._finish(output.request_id, stream, output.outputs[0].finish_reason)
-                stream.put(_snapshot(output))
+                deliveries.setdefault(stream.loop, []).append((stream, _snapshot(output)))
+        _put_all(deliveries)
         # Samples ended by a stop string: the core would otherwise keep generating them.
         self.client.abort_requests(to_abort)
 
@@ -338,10 +354,24 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
+def _shallow_copy(obj: T) -> T:
+    copy = object.__new__(type(obj))
+    copy.__dict__.update(obj.__dict__)
+    return copy
+
+
 def _snapshot(output: RequestOutput) -> RequestOutput:
-    """A copy that later steps do not change: the output processor extends its lists in place."""
-    samples = [dataclasses.replace(o, token_ids=list(o.token_ids),
-                                   logprobs=None if o.logprobs is None else list(o.logprobs))
-               for o in output.outputs]
-    prompt_logprobs = None if output.prompt_logprobs is None else list(output.prompt_logprobs)
-    return dataclasses.replace(output, outputs=samples, prompt_logprobs=prompt_logprobs)
+    """A copy that later steps do not change: the output processor extends its lists in place. (Shallow
+    copies with their lists replaced: dataclasses.replace costs several times more, once per token.)"""
+    samples = []
+    for sample in output.outputs:
+        copy = _shallow_copy(sample)
+        copy.token_ids = list(sample.token_ids)
+        if sample.logprobs is not None:
+            copy.logprobs = list(sample.logprobs)
+        samples.append(copy)
+    snapshot = _shallow_copy(output)
+    snapshot.outputs = samples
+    if output.prompt_logprobs is not None:
+        snapshot.prompt_logprobs = list(output.prompt_logprobs)
+    return snapshot
