@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from wick import LLM, SamplingParams
 from wick.config import CPU_KV_CACHE_SEQS, EngineArgs
 from wick.worker.model_runner import ModelRunner
 
@@ -26,3 +27,16 @@ def test_kv_cache_memory_still_decides(tiny_llama_dir: str):
                         device="cpu").create_engine_config()
     runner = ModelRunner(config)
     assert runner.determine_num_blocks() == (1 << 20) // runner.kv_bytes_per_block()
+
+
+@pytest.mark.parametrize("max_num_seqs", [3, 6])
+def test_a_full_batch_fits_the_step_buffers(tiny_llama_dir: str, max_num_seqs: int):
+    """max_num_seqs between the captured graph sizes (1, 2, 4, 8, ...): a step of every running request still fits."""
+    config = EngineArgs(model=tiny_llama_dir, max_model_len=256, max_num_seqs=max_num_seqs,
+                        device="cpu").create_engine_config()
+    runner = ModelRunner(config)
+    assert runner.buffers.max_reqs >= max_num_seqs
+    llm = LLM(tiny_llama_dir, device="cpu", max_model_len=256, max_num_seqs=max_num_seqs)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    outputs = llm.generate([[5 + i, 17, 33] for i in range(max_num_seqs)], params)
+    assert [len(o.outputs[0].token_ids) for o in outputs] == [4] * max_num_seqs

@@ -38,8 +38,11 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         self.block_tables = torch.zeros((self.sizes[-1], max_blocks), dtype=torch.int32, device=device)
+        # One logits buffer that every graph writes its rows into (graphs keep their outputs alive, and logits
+        # per batch size would hold sum(sizes) rows of the vocabulary); made by the first warm-up, the largest.
+        self.logits: torch.Tensor | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.hidden: dict[int, torch.Tensor] = {}
 
     @property
     def max_batch_size(self) -> int:
@@ -59,10 +62,14 @@ class DecodeGraphs:
             query_start_loc_cpu=list(range(bs + 1)), seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu,
             cuda_graph=True)
 
-    def _forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, bs: int) -> torch.Tensor:
         ids, positions = self.buffers.decode_views(bs)[:2]
         hidden = self.model(ids, positions)
-        return hidden, self.model.compute_logits(hidden).float()
+        logits = self.model.compute_logits(hidden)
+        if self.logits is None:
+            self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=torch.float32, device=logits.device)
+        self.logits[:bs].copy_(logits)
+        return hidden
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -77,7 +84,7 @@ class DecodeGraphs:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[bs] = self._forward(bs)
+                    self.hidden[bs] = self._forward(bs)
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize()
@@ -96,5 +103,4 @@ class DecodeGraphs:
             host_tables = np.concatenate([host_tables, np.zeros((bs - n, host_tables.shape[1]), np.int32)])
         self.backend.prepare(self._metadata(bs, metadata.seq_lens_cpu, host_tables))
         self.graphs[bs].replay()
-        hidden, logits = self.outputs[bs]
-        return hidden[:n], logits[:n]
+        return self.hidden[bs][:n], self.logits[:n]

@@ -73,8 +73,8 @@ class ModelRunner:
         # every layer that keeps a paged KV cache declares its shapes (Attention; MLA its compressed one)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
         self.input_batch = InputBatch(config.max_num_seqs, -(-config.max_model_len // self.block_size))
-        graph_rows = capture_sizes(config.max_num_seqs)[-1]
-        self.buffers = StepBuffers(max(config.max_num_batched_tokens, graph_rows), graph_rows,
+        max_reqs = max(config.max_num_seqs, capture_sizes(config.max_num_seqs)[-1])  # graphs pad past max_num_seqs
+        self.buffers = StepBuffers(max(config.max_num_batched_tokens, max_reqs), max_reqs,
                                    -(-config.max_model_len // self.block_size), self.block_size, self.device)
         self._forward: _ForwardResult | None = None
         self._pending: deque[_PendingStep] = deque()
