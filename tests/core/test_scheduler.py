@@ -78,12 +78,14 @@ class FakeWorker:
             known = request.all_token_ids
             assert state.token_ids[:len(known)] == known, "the contract lost a token"
             assert len(state.token_ids) - len(known) <= request.num_output_placeholders
+            block_ids = self.batch.block_ids(state)
             for p in range(item.start, item.start + item.num_new_tokens):
-                self.slots[state.block_ids[p // bs], p % bs] = state.token_ids[p]
+                self.slots[block_ids[p // bs], p % bs] = state.token_ids[p]
         result = ModelRunnerOutput()
         for item in scheduled:
             state, end = item.state, item.start + item.num_new_tokens
-            context = [self.slots.get((state.block_ids[p // bs], p % bs)) for p in range(end)]
+            block_ids = self.batch.block_ids(state)
+            context = [self.slots.get((block_ids[p // bs], p % bs)) for p in range(end)]
             assert context == state.token_ids[:end], f"wrong KV context for {state.req_id}"
             if item.samples:
                 token = next_token(context)

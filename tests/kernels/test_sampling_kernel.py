@@ -83,7 +83,7 @@ def test_sampler_torch_path_matches_kernel() -> None:
         sp = SamplingParams(temperature=rng.uniform(0.3, 2.0))
         num_outputs = rng.randrange(5)
         requests = [CachedRequestState(f"r{i}", [1, 2, 3], [1, 2, 3] + [rng.randrange(vocab_size)
-                                       for _ in range(num_outputs)], sp, rng.randrange(2**64), [], 0)
+                                       for _ in range(num_outputs)], sp, rng.randrange(2**64), 0)
                     for i in range(3)]
         metadata = build_sampling_metadata(requests, vocab_size, torch.device("cpu"))
         logits = torch.randn(3, vocab_size) * 4

@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 def make_request(sp: SamplingParams, seed: int = 0, prompt: tuple[int, ...] = (1, 2, 3),
                  output: tuple[int, ...] = (), rid: str = "r") -> CachedRequestState:
-    return CachedRequestState(rid, list(prompt), list(prompt) + list(output), sp, seed, [], 0)
+    return CachedRequestState(rid, list(prompt), list(prompt) + list(output), sp, seed, 0)
 
 
 def metadata_for(requests: list[CachedRequestState], vocab_size: int) -> SamplingMetadata:

@@ -14,7 +14,7 @@ from wick.worker.step_buffers import StepBuffers
 BLOCK = 4
 
 
-def _reference(scheduled, previous_rows):
+def _reference(scheduled, previous_rows, blocks):
     ids, positions, slots, starts, seq_lens, gathers, sample_rows = [], [], [], [0], [], [], []
     for item in scheduled:
         state, start, n = item.state, item.start, item.num_new_tokens
@@ -25,18 +25,20 @@ def _reference(scheduled, previous_rows):
                 gathers.append((len(ids), previous_rows[state.req_id]))
                 ids.append(0)
             positions.append(p)
-            slots.append(state.block_ids[p // BLOCK] * BLOCK + p % BLOCK)
+            slots.append(blocks[state.req_id][p // BLOCK] * BLOCK + p % BLOCK)
         starts.append(starts[-1] + n)
         seq_lens.append(start + n)
         if item.samples:
             sample_rows.append(starts[-1] - 1)
-    width = max(len(item.state.block_ids) for item in scheduled)
-    tables = [item.state.block_ids + [0] * (width - len(item.state.block_ids)) for item in scheduled]
+    width = max(len(blocks[item.state.req_id]) for item in scheduled)
+    tables = [blocks[item.state.req_id] + [0] * (width - len(blocks[item.state.req_id])) for item in scheduled]
     return ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows
 
 
-def _check(step, scheduled, previous_rows):
-    ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows = _reference(scheduled, previous_rows)
+def _check(step, scheduled, previous_rows, blocks):
+    """`blocks`: each request's block ids as the test handed them out, the reference's own record."""
+    ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows = _reference(scheduled, previous_rows,
+                                                                                       blocks)
     t = len(ids)
     m = step.metadata
     pending = {dst for dst, _ in gathers}  # left for the gather to fill
@@ -67,9 +69,10 @@ def test_mixed_prefill_and_decode_with_pending_tokens():
     first = SchedulerOutput(scheduled_new_reqs=[_new("a", list(range(10, 19)), [7, 3, 5]),
                                                 _new("b", list(range(30, 36)), [1, 9], computed=4)],
                             num_scheduled_tokens={"a": 6, "b": 2})
+    blocks = {"a": [7, 3, 5], "b": [1, 9]}
     scheduled = batch.update(first)
     step = buffers.pack(scheduled, batch, {})
-    _check(step, scheduled, {})
+    _check(step, scheduled, {}, blocks)
     assert step.logit_rows.tolist() == [7]  # a's chunk ends inside its prompt; b's prompt is done
 
     # b's sample is still on the device (overlap): it comes from row 0 of the previous step's samples.
@@ -79,8 +82,10 @@ def test_mixed_prefill_and_decode_with_pending_tokens():
         num_scheduled_tokens={"a": 3, "b": 1, "c": 3})
     scheduled = batch.update(second)
     scheduled[1].state.num_pending = 1
+    blocks["a"] += [2, 4, 6, 8]
+    blocks["c"] = [11]
     step = buffers.pack(scheduled, batch, {"b": 0})
-    _check(step, scheduled, {"b": 0})
+    _check(step, scheduled, {"b": 0}, blocks)
     assert len(batch.num_blocks) == 4 and batch.block_table.shape[1] >= 7
     assert batch.num_blocks[scheduled[0].state.row] == 7
 
@@ -98,7 +103,7 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
                              num_scheduled_tokens={d.req_id: 1 for d in news})
     scheduled = batch.update(decode)
     step = buffers.pack(scheduled, batch, {}, pad_to=8)
-    _check(step, scheduled, {})
+    _check(step, scheduled, {}, {d.req_id: d.block_ids for d in news})
     assert step.logit_rows is None and step.num_reqs == 3
     m = step.metadata
     assert step.input_ids.numel() == 8 and step.input_ids[3:].tolist() == [0] * 5
@@ -107,4 +112,4 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
     # a finished request's row goes to the next new one, with its old blocks forgotten
     batch.update(SchedulerOutput(finished_req_ids=["r1"], scheduled_new_reqs=[_new("d", [1, 2], [20])],
                                  num_scheduled_tokens={"d": 2}))
-    assert batch.requests["d"].row == rows_before["r1"] and batch.num_blocks[rows_before["r1"]] == 1
+    assert batch.requests["d"].row == rows_before["r1"] and batch.block_ids(batch.requests["d"]) == [20]

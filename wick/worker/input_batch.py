@@ -12,7 +12,7 @@ import torch
 from wick.core.sched_output import GrammarBitmask, SchedulerOutput
 from wick.layers.sampler import SamplingMetadata
 from wick.pooling_params import PoolingParams
-from wick.sampling_params import _GREEDY_EPS, SamplingParams
+from wick.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class SamplingRow:
     # temperature, top_p, min_p, presence penalty, frequency penalty, repetition penalty
     floats: tuple[float, float, float, float, float, float]
     top_k: int
+    greedy: bool
     seed: int  # folded into int64
     logprobs: int | None
     adjusts_logits: bool  # logit_bias or min_tokens: the rows the sampler metadata looks at one by one
@@ -34,7 +35,6 @@ class CachedRequestState:
     token_ids: list[int]  # the prompt, then every output token sampled so far
     sampling_params: SamplingParams
     seed: int
-    block_ids: list[int]
     num_computed_tokens: int
     # Tokens sampled by steps whose results have not reached the host yet (not in token_ids).
     num_pending: int = 0
@@ -59,7 +59,7 @@ class CachedRequestState:
     def sampling_row(self) -> SamplingRow:
         sp = self.sampling_params
         return SamplingRow((sp.temperature, sp.top_p, sp.min_p, sp.presence_penalty, sp.frequency_penalty,
-                            sp.repetition_penalty), sp.top_k, _fold_int64(self.seed), sp.logprobs,
+                            sp.repetition_penalty), sp.top_k, sp.greedy, _fold_int64(self.seed), sp.logprobs,
                            bool(sp.logit_bias) or sp.min_tokens > 0)
 
     @property
@@ -80,8 +80,8 @@ class ScheduledState:
 
 
 class InputBatch:
-    """The worker's requests, and their block ids again as rows of one numpy table (row per request,
-    reused when a request leaves) from which a step's block table and slots are gathered at once."""
+    """The worker's requests, and their block ids as rows of one numpy table (a row per request, reused when
+    a request leaves) from which a step's block table and slots are gathered at once."""
 
     def __init__(self, num_rows: int = 16, num_blocks: int = 16) -> None:
         self.requests: dict[str, CachedRequestState] = {}
@@ -98,12 +98,11 @@ class InputBatch:
         for new in scheduler_output.scheduled_new_reqs:
             state = self.requests[new.req_id] = CachedRequestState(
                 new.req_id, list(new.prompt_token_ids), list(new.prompt_token_ids) + list(new.output_token_ids),
-                new.sampling_params, new.seed, list(new.block_ids), new.num_computed_tokens,
+                new.sampling_params, new.seed, new.num_computed_tokens,
                 pooling_params=new.pooling_params, row=self._take_row())
             self._append_blocks(state.row, new.block_ids)
         for cached in scheduler_output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
-            state.block_ids.extend(cached.new_block_ids)
             if cached.new_block_ids:
                 self._append_blocks(state.row, cached.new_block_ids)
             state.num_computed_tokens = cached.num_computed_tokens
@@ -115,6 +114,9 @@ class InputBatch:
             scheduled.append(ScheduledState(state, start, n, done and not pooling, done and pooling))
             state.num_computed_tokens = start + n
         return scheduled
+
+    def block_ids(self, state: CachedRequestState) -> list[int]:
+        return self.block_table[state.row, :self.num_blocks[state.row]].tolist()
 
     def _remove(self, rid: str) -> None:
         state = self.requests.pop(rid, None)
@@ -149,7 +151,7 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
     floats = np.array([row.floats for row in rows], dtype=np.float64).T
     temperature, top_p, min_p, presence, frequency, repetition = floats
     top_k = np.fromiter((row.top_k for row in rows), np.int64, len(rows))
-    randoms = temperature >= _GREEDY_EPS
+    randoms = ~np.fromiter((row.greedy for row in rows), bool, len(rows))
     use_repetition = bool((repetition != 1.0).any())
     use_penalties = use_repetition or bool((presence != 0.0).any() or (frequency != 0.0).any())
 
@@ -194,8 +196,7 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
         row_of = {state.req_id: row for row, state in enumerate(states)}
         grammar_rows = [row_of[rid] for rid in grammar.req_ids]
     # Two host-to-device copies for the per-row settings instead of one blocking copy each.
-    steps = np.fromiter((len(s.token_ids) + s.num_pending - len(s.prompt_token_ids) for s in states), np.int64,
-                        len(states))
+    steps = np.fromiter((s.num_output_tokens for s in states), np.int64, len(states))
     ints = np.stack([top_k, np.fromiter((row.seed for row in rows), np.int64, len(rows)), steps])
     floats_t, ints_t = torch.from_numpy(floats.astype(np.float32)), torch.from_numpy(ints)
     if device.type == "cuda":

@@ -72,10 +72,11 @@ class ModelRunner:
         self.model = self._load_model()
         # every layer that keeps a paged KV cache declares its shapes (Attention; MLA its compressed one)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
-        self.input_batch = InputBatch(config.max_num_seqs, -(-config.max_model_len // self.block_size))
+        max_blocks = -(-config.max_model_len // self.block_size)
+        self.input_batch = InputBatch(config.max_num_seqs, max_blocks)
         max_reqs = max(config.max_num_seqs, capture_sizes(config.max_num_seqs)[-1])  # graphs pad past max_num_seqs
-        self.buffers = StepBuffers(max(config.max_num_batched_tokens, max_reqs), max_reqs,
-                                   -(-config.max_model_len // self.block_size), self.block_size, self.device)
+        self.buffers = StepBuffers(max(config.max_num_batched_tokens, max_reqs), max_reqs, max_blocks,
+                                   self.block_size, self.device)
         self._forward: _ForwardResult | None = None
         self._pending: deque[_PendingStep] = deque()
         self.backend = get_attention_backend(config.args.attention_backend, self.device, config.kv_cache_dtype)

@@ -37,7 +37,7 @@ class StepBuffers:
     def __init__(self, max_tokens: int, max_reqs: int, max_blocks: int, block_size: int,
                  device: torch.device) -> None:
         self.block_size = block_size
-        self.max_tokens, self.max_reqs, self.max_blocks = max_tokens, max_reqs, max_blocks
+        self.max_tokens, self.max_reqs = max_tokens, max_reqs
         num_longs = 3 * max_tokens + 3 * max_reqs
         num_ints = 2 * max_reqs + 1 + max_reqs * max_blocks
         on_gpu = device.type == "cuda"
