@@ -56,7 +56,8 @@ def main() -> None:
     vocab = llm.config.hf_config.vocab_size
     prompt = np.random.default_rng(0).integers(0, vocab, args.input_len).tolist()
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    llm.generate([prompt], SamplingParams(max_tokens=16, ignore_eos=True))  # warm-up
+    # warm-up: the timed request itself, so that every kernel it launches (the greedy sampler's too) is compiled
+    llm.generate([prompt], params)
     times = []
     for _ in range(args.repeats):
         torch.cuda.synchronize()

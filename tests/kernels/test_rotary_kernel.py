@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wick.kernels.rms_norm import rms_norm_ref
 from wick.kernels.rotary import rotary_embedding, rotary_embedding_ref
+from wick.layers.norm import RMSNorm
 from wick.layers.rotary import get_rope
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -56,6 +58,46 @@ def test_matches_layer_torch_path(dtype: torch.dtype) -> None:
     torch.testing.assert_close(out_k.cpu(), expected_k, atol=0, rtol=0)
 
 
+def check_with_norms(num_tokens: int, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                     tolerance: float) -> None:
+    """Each head RMS-normalized then rotated in one kernel against rms_norm_ref then rotary_embedding_ref."""
+    torch.manual_seed(0)
+    rope = get_rope(head_dim, MAX_POS, 10000.0).to(DEVICE)
+    positions = torch.randint(0, MAX_POS, (num_tokens,), device=DEVICE)
+    q, k = qk_views(num_tokens, num_heads, num_kv_heads, head_dim, dtype)
+    q_weight, k_weight = (torch.rand(head_dim, dtype=dtype, device=DEVICE) + 0.5 for _ in range(2))
+    out_q, out_k = rotary_embedding(positions, q, k, rope.cos_sin_cache, (q_weight, k_weight), eps=1e-6)
+    normed_q = rms_norm_ref(q.view(num_tokens, num_heads, head_dim), q_weight, 1e-6)
+    normed_k = rms_norm_ref(k, k_weight, 1e-6)
+    expected_q, expected_k = rotary_embedding_ref(positions, normed_q, normed_k, rope.cos_sin_cache)
+    assert out_q.shape == q.shape and out_k.shape == k.shape
+    torch.testing.assert_close(out_q, expected_q.view(q.shape), atol=tolerance, rtol=tolerance)
+    torch.testing.assert_close(out_k, expected_k, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-5), (torch.float16, 4e-3)])
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(4, 2, 16), (3, 1, 24)])
+def test_norms_then_rotation_match_reference(dtype: torch.dtype, tolerance: float, num_heads: int,
+                                             num_kv_heads: int, head_dim: int) -> None:
+    check_with_norms(5, num_heads, num_kv_heads, head_dim, dtype, tolerance)
+
+
+def test_layer_with_norms_matches_norms_then_layer() -> None:
+    """RotaryEmbedding given q/k norms (fused on CUDA, the norms' own forwards elsewhere) against the norms
+    applied first."""
+    torch.manual_seed(0)
+    rope = get_rope(32, MAX_POS, 10000.0).to(DEVICE)
+    norms = tuple(RMSNorm(32, eps=1e-5).to(DEVICE) for _ in range(2))
+    for norm in norms:
+        norm.weight.data.uniform_(0.5, 1.5)
+    positions = torch.tensor([0, 3, 900], device=DEVICE)
+    q, k = qk_views(3, 4, 2, 32, torch.float32)
+    out_q, out_k = rope(positions, q, k, norms)
+    expected_q, expected_k = rope(positions, norms[0](q.reshape(3, 4, 32)), norms[1](k))
+    torch.testing.assert_close(out_q.reshape(3, 4, 32), expected_q, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out_k, expected_k, atol=1e-5, rtol=1e-5)
+
+
 def test_no_tokens() -> None:
     rope = get_rope(16, MAX_POS, 10000.0).to(DEVICE)
     empty = torch.empty(0, 32, device=DEVICE)
@@ -68,6 +110,15 @@ def test_no_tokens() -> None:
 @pytest.mark.parametrize("num_tokens", [1, 256, 8192])
 def test_bf16_cuda(num_tokens: int) -> None:
     check(num_tokens, num_heads=16, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("num_tokens", [1, 4096])
+def test_norms_bf16_cuda(num_tokens: int) -> None:
+    """Qwen3's heads (16 q, 8 kv of 128) and Gemma 3's (256 dims) in bf16: within one rounding of bf16."""
+    check_with_norms(num_tokens, 16, 8, 128, torch.bfloat16, 1.6e-2)
+    check_with_norms(num_tokens, 16, 8, 256, torch.bfloat16, 1.6e-2)
 
 
 @pytest.mark.gpu

@@ -1,7 +1,8 @@
-"""SiLU-and-mul in one kernel: [..., 2F] (gate, up side by side) -> silu(gate) * up, [..., F].
+"""Gated activations in one kernel: [..., 2F] (gate, up side by side) -> act(gate) * up, [..., F], for SiLU
+and GELU (tanh-approximated or exact).
 
-As in wick.layers.activation.SiluAndMul, silu is computed in fp32 and rounded to the input dtype
-before it multiplies up, and the product is rounded again.
+As in wick.layers.activation, the activation is computed in fp32 and rounded to the input dtype before it
+multiplies up, and the product is rounded again.
 """
 
 from __future__ import annotations
@@ -11,36 +12,65 @@ import triton
 import triton.language as tl
 
 _BLOCK = 1024
+_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, features, BLOCK: tl.constexpr):
+def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < features
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + features + cols, mask=mask, other=0.0).to(tl.float32)
-    silu = (gate / (1.0 + tl.exp(-gate))).to(x_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * features + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=mask)
+    if ACT == 0:
+        act = gate / (1.0 + tl.exp(-gate))
+    elif ACT == 1:
+        # torch's 0.5 x (1 + tanh(y)), y = sqrt(2 / pi) (x + 0.044715 x^3), tanh(|y|) as 1 - 2 / (e^2|y| + 1):
+        # the algebraically equal x sigmoid(2y) would not round as torch's cancellation in 1 + tanh does
+        y = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)
+        tanh_abs = 1.0 - 2.0 / (tl.exp(2.0 * tl.abs(y)) + 1.0)
+        act = 0.5 * gate * (1.0 + tl.where(y < 0, -tanh_abs, tanh_abs))
+    else:
+        act = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476))
+    act = act.to(x_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * features + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """x [..., 2F] with a unit last stride -> a new contiguous [..., F]."""
+def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
     width = x.shape[-1]
     if width % 2 or x.stride(-1) != 1:
-        raise ValueError(f"silu_and_mul needs an even, contiguous last dim; got {width} with stride {x.stride(-1)}")
+        raise ValueError(f"{activation}_and_mul needs an even, contiguous last dim; got {width} with stride "
+                         f"{x.stride(-1)}")
     features = width // 2
     out = torch.empty(*x.shape[:-1], features, dtype=x.dtype, device=x.device)
     rows = x.reshape(-1, width)
     if rows.shape[0] == 0:
         return out
-    _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
-        rows, out, rows.stride(0), features, BLOCK=_BLOCK, num_warps=4
+    _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
+        rows, out, rows.stride(0), features, ACT=_ACTIVATIONS[activation], BLOCK=_BLOCK, num_warps=4
     )
     return out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """x [..., 2F] with a unit last stride -> a new contiguous [..., F]."""
+    return _act_and_mul(x, "silu")
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """x [..., 2F] with a unit last stride -> a new contiguous [..., F]; approximate "tanh" or "none"
+    (torch.nn.functional.gelu's)."""
+    return _act_and_mul(x, "gelu_tanh" if approximate == "tanh" else "gelu")
 
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     """Pure-torch reference of silu_and_mul."""
     gate, up = x.chunk(2, dim=-1)
     return torch.nn.functional.silu(gate) * up
+
+
+def gelu_and_mul_ref(x: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+    """Pure-torch reference of gelu_and_mul: GELU in fp32, as torch computes it on CUDA (its CPU half erf is
+    coarser)."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.gelu(gate.float(), approximate=approximate).to(x.dtype) * up

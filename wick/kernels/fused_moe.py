@@ -4,7 +4,8 @@ The (token, expert) pairs are sorted by expert and each expert's run is padded t
 program's tile of rows belongs to one expert and reads that expert's weights once for all of them
 (moe_align, in torch on the device, no host sync). The first GEMM computes a tile's gate and up
 columns together from w13 and writes silu(gate) * up; the second multiplies by w2 and by the routing
-weight. The top-k partial outputs of each token are then summed. Accumulation is in fp32.
+weight. The top-k partial outputs of each token are then summed by a third kernel (torch's sum over the
+middle dim took 4.6 us at one token on an H100). Accumulation is in fp32.
 
 The grid is sized by an upper bound on the padded row count (pairs / BLOCK_M + min(pairs, experts)
 tiles); tiles past the real count return at once, so the launch depends on the shapes only. With few
@@ -65,6 +66,18 @@ def _moe_gemm_kernel(
         acc = acc * tl.load(weights_ptr + pairs, mask=valid, other=0.0)[:, None]
     tl.store(c_ptr + pairs[:, None] * stride_cm + cols[None, :] * stride_cn, acc.to(c_ptr.dtype.element_ty),
              mask=valid[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _sum_pairs_kernel(partial_ptr, out_ptr, N, TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[token] = sum over j of partial[token * TOP_K + j], in fp32."""
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pairs = tl.arange(0, K_PAD)
+    mask = (pairs < TOP_K)[:, None] & (cols < N)[None, :]
+    rows = tl.load(partial_ptr + (token * TOP_K + pairs)[:, None] * N + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + token * N + cols, tl.sum(rows.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty),
+             mask=cols < N)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
@@ -158,4 +171,9 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision,
         num_warps=warps, num_stages=stages,
     )
-    return out.view(num_tokens, top_k, hidden).sum(dim=1)
+    summed = torch.empty_like(x)
+    block_n = min(1024, triton.next_power_of_2(hidden))
+    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
+        out, summed, hidden, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_N=block_n,
+    )
+    return summed

@@ -1,7 +1,10 @@
-"""Neox-style rotary embedding of q and k in one kernel, reading the cos/sin table at each position.
+"""Neox-style rotary embedding of q and k in one kernel, reading the cos/sin table at each position;
+optionally each head RMS-normalized first (Qwen3's and Gemma 3's q/k norms), in the same kernel.
 
 As in wick.layers.rotary.RotaryEmbedding, cos and sin are rounded to q's dtype and every product and
-sum is rounded to it as the torch ops do, so the results equal the torch path bit for bit.
+sum is rounded to it as the torch ops do, so the results equal the torch path bit for bit. The norm
+rounds where wick.kernels.rms_norm does (the scaled head, then its product with the weight), so the
+fused kernel gives what the two kernels give but where the variance's order of summation tips a rounding.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ import triton.language as tl
 
 @triton.jit
 def _rotate_heads(
-    x_ptr, out_ptr, stride_xh, stride_xd, cos, sin,
+    x_ptr, out_ptr, stride_xh, stride_xd, cos, sin, weight_ptr, eps,
     NUM_HEADS: tl.constexpr, HEADS_PAD: tl.constexpr, HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    NORM: tl.constexpr,
 ):
-    """Rotates one token's heads: x1, x2 (each head's halves) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    """Rotates one token's heads: x1, x2 (each head's halves) -> (x1 cos - x2 sin, x2 cos + x1 sin);
+    NORM: x RMS-normalized over each head and scaled by weight first."""
     heads = tl.arange(0, HEADS_PAD)
     dims = tl.arange(0, HALF_PAD)
     mask = (heads < NUM_HEADS)[:, None] & (dims < HALF)[None, :]
@@ -25,6 +30,12 @@ def _rotate_heads(
     x2 = tl.load(x_ptr + first + HALF * stride_xd, mask=mask, other=0.0)
     dtype = x1.dtype
     x1, x2 = x1.to(tl.float32), x2.to(tl.float32)
+    if NORM:
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(weight_ptr + dims, mask=dims < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(weight_ptr + HALF + dims, mask=dims < HALF, other=0.0).to(tl.float32)[None, :]
+        x1 = ((x1 * rstd).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+        x2 = ((x2 * rstd).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
     out1 = (x1 * cos).to(dtype).to(tl.float32) - (x2 * sin).to(dtype).to(tl.float32)
     out2 = (x2 * cos).to(dtype).to(tl.float32) + (x1 * sin).to(dtype).to(tl.float32)
     out_first = heads[:, None] * (2 * HALF) + dims[None, :]
@@ -34,10 +45,10 @@ def _rotate_heads(
 
 @triton.jit
 def _rotary_kernel(
-    positions_ptr, cos_sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr,
+    positions_ptr, cos_sin_ptr, q_ptr, k_ptr, q_out_ptr, k_out_ptr, q_weight_ptr, k_weight_ptr, eps,
     stride_cache, stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd,
     NUM_Q_HEADS: tl.constexpr, Q_HEADS_PAD: tl.constexpr, NUM_K_HEADS: tl.constexpr, K_HEADS_PAD: tl.constexpr,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
@@ -48,19 +59,23 @@ def _rotary_kernel(
     cos = cos.to(dtype).to(tl.float32)[None, :]
     sin = sin.to(dtype).to(tl.float32)[None, :]
     _rotate_heads(q_ptr + token * stride_qt, q_out_ptr + token * (NUM_Q_HEADS * 2 * HALF), stride_qh, stride_qd,
-                  cos, sin, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD)
+                  cos, sin, q_weight_ptr, eps, NUM_Q_HEADS, Q_HEADS_PAD, HALF, HALF_PAD, NORM)
     _rotate_heads(k_ptr + token * stride_kt, k_out_ptr + token * (NUM_K_HEADS * 2 * HALF), stride_kh, stride_kd,
-                  cos, sin, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD)
+                  cos, sin, k_weight_ptr, eps, NUM_K_HEADS, K_HEADS_PAD, HALF, HALF_PAD, NORM)
 
 
 def rotary_embedding(
-    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None, eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T]; q, k [T, heads * D] or [T, heads, D] of one dtype, any strides; cos_sin_cache
     [max_position, D] fp32 (cos for the D/2 frequencies, then sin). Returns new contiguous q, k, rotated.
+    norm_weights: (q's, k's) [D] in q's dtype: each head is RMS-normalized (eps) and scaled by them first.
     """
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype; got {q.dtype} and {k.dtype}")
+    if norm_weights is not None and any(w.dtype != q.dtype for w in norm_weights):
+        raise ValueError(f"the norm weights must be in q's dtype {q.dtype}")
     head_size = cos_sin_cache.shape[-1]
     num_tokens = positions.shape[0]
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -71,12 +86,13 @@ def rotary_embedding(
     num_q_heads, num_k_heads = q3.shape[1], k3.shape[1]
     half = head_size // 2
     heads_pad = triton.next_power_of_2(num_q_heads) + triton.next_power_of_2(num_k_heads)
+    q_weight, k_weight = norm_weights or (cos_sin_cache, cos_sin_cache)
     _rotary_kernel[(num_tokens,)](
-        positions, cos_sin_cache, q3, k3, q_out, k_out,
+        positions, cos_sin_cache, q3, k3, q_out, k_out, q_weight, k_weight, eps,
         cos_sin_cache.stride(0), *q3.stride(), *k3.stride(),
         NUM_Q_HEADS=num_q_heads, Q_HEADS_PAD=triton.next_power_of_2(num_q_heads),
         NUM_K_HEADS=num_k_heads, K_HEADS_PAD=triton.next_power_of_2(num_k_heads),
-        HALF=half, HALF_PAD=triton.next_power_of_2(half),
+        HALF=half, HALF_PAD=triton.next_power_of_2(half), NORM=norm_weights is not None,
         num_warps=min(8, triton.next_power_of_2(max(1, heads_pad * head_size // 1024))),
         # a multiply-subtract contracted into one fma would round once where torch rounds twice
         enable_fp_fusion=False,

@@ -65,5 +65,7 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, renormalize: bool, sco
         num_experts, router_logits.stride(0), routed_scaling_factor,
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
         SOFTMAX=scoring == "softmax", HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize,
+        # each of the 3 * top_k reductions over a row is a barrier-free warp shuffle within one warp
+        num_warps=max(1, min(4, triton.next_power_of_2(num_experts) // 512)),
     )
     return weights, ids

@@ -28,6 +28,10 @@ class GeluAndMul(nn.Module):
         self.approximate = approximate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:
+            from wick.kernels.activation import gelu_and_mul
+
+            return gelu_and_mul(x, self.approximate)
         gate, up = x.chunk(2, dim=-1)
         return F.gelu(gate, approximate=self.approximate) * up
 

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from wick.layers.norm import RMSNorm
+
 
 def rope_parameters(config: PretrainedConfig) -> tuple[float, dict[str, Any] | None]:
     """(theta, scaling) from transformers 5's `rope_parameters` or the older `rope_theta`/`rope_scaling`.
@@ -110,10 +112,22 @@ class RotaryEmbedding(nn.Module):
         return torch.cat((rot, rest), dim=-1).view(shape)
 
     def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+        norms: tuple[RMSNorm, RMSNorm] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated."""
-        if q.is_cuda and self.is_neox and self.rotary_dim == self.head_size:
+        """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated.
+        norms: q's and k's per-head RMSNorms (their subclasses change only how weights load), applied first."""
+        kernel = q.is_cuda and self.is_neox and self.rotary_dim == self.head_size
+        if norms is not None:
+            q_norm, k_norm = norms
+            if kernel and q_norm.eps == k_norm.eps and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype:
+                from wick.kernels.rotary import rotary_embedding
+
+                return rotary_embedding(positions, q, k, self.cos_sin_cache, (q_norm.weight, k_norm.weight),
+                                        q_norm.eps)
+            q = q_norm(q.flatten(1).unflatten(1, (-1, self.head_size)))
+            k = k_norm(k.flatten(1).unflatten(1, (-1, self.head_size)))
+        if kernel:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.rotary import rotary_embedding
 
