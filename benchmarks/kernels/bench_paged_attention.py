@@ -1,6 +1,7 @@
 """Times our paged attention kernel on CUDA: decode (batch 1/64/256 x context 1024/8192) and an 8192-token
 prefill. Prints microseconds and the achieved K/V read bandwidth (bytes of the K/V the batch attends
-to / time); decode also shows the split-KV choice against no split.
+to / time); decode also shows the split-KV choice against no split. `--splits-sweep`: one request's decode
+at short contexts, every split count, timed in CUDA graphs (what the split choice's MIN_SPLIT_TOKENS rests on).
 
     python -m benchmarks.kernels.bench_paged_attention [--num-heads 32 --num-kv-heads 8 --head-dim 128]
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
-from triton.testing import do_bench
+from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import print_environment
 from wick.kernels.paged_attention import choose_num_splits, num_query_tiles, paged_attention, tile_config
@@ -46,6 +47,7 @@ def main() -> None:
     parser.add_argument("--num-kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--splits-sweep", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_paged_attention needs a CUDA device")
@@ -53,6 +55,9 @@ def main() -> None:
     print(f"heads {args.num_heads}/{args.num_kv_heads}, head_dim {args.head_dim}, {args.dtype}, page {BLOCK_SIZE}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     group = args.num_heads // args.num_kv_heads
+    if args.splits_sweep:
+        splits_sweep(args)
+        return
 
     print(f"{'decode':>8} {'context':>8} {'splits':>6} {'us':>9} {'GB/s':>8} {'us (no split)':>14} {'GB/s':>8}")
     for batch in (1, 64, 256):
@@ -73,6 +78,23 @@ def main() -> None:
         causal_flops = sum(4 * n * (n + 1) / 2 * args.num_heads * args.head_dim for n in query_lens)
         print(f"prefill {len(query_lens)} x {query_lens[0]} tokens: {us:.1f} us, "
               f"{kv_bytes(query_lens, args) / 1e3 / us:.0f} GB/s of K/V, {causal_flops / us / 1e6:.0f} TFLOP/s")
+
+
+def splits_sweep(args: argparse.Namespace) -> None:
+    counts = [1, 2, 4, 8, 16, 32]
+    print("batch 1: context | " + " | ".join(f"{n} splits us" for n in counts))
+    for context in (256, 640, 1024, 2048, 4096):
+        inputs = make_inputs([1], [context], args)
+        scale = inputs[0].shape[-1] ** -0.5
+        out = torch.empty_like(inputs[0])
+        times = []
+        for splits in counts:
+            def run(inputs=inputs, scale=scale, context=context, out=out, splits=splits):
+                return paged_attention(*inputs, scale, 1, context, out=out, num_splits=splits)
+
+            run()
+            times.append(do_bench_cudagraph(run) * 1e3)
+        print(f"{context} | " + " | ".join(f"{t:.1f}" for t in times))
 
 
 if __name__ == "__main__":

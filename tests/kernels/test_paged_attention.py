@@ -124,7 +124,8 @@ def test_logits_soft_cap(soft_cap: float) -> None:
 def test_split_choice() -> None:
     sms = 132
     assert choose_num_splits(num_programs=8, max_seq_len=8192, num_sms=sms) > 1  # one request, 8 KV heads
-    assert choose_num_splits(num_programs=8, max_seq_len=256, num_sms=sms) == 1  # short context
+    assert choose_num_splits(num_programs=8, max_seq_len=100, num_sms=sms) == 1  # short context
+    assert choose_num_splits(num_programs=8, max_seq_len=640, num_sms=sms) == 10  # 64 keys a split
     assert choose_num_splits(num_programs=512, max_seq_len=8192, num_sms=sms) == 1  # the batch fills the GPU
     assert choose_num_splits(num_programs=1, max_seq_len=1 << 20, num_sms=sms) == 64
 

@@ -25,7 +25,10 @@ import triton.language as tl
 from wick.kernels.kv_cache_write import as_storable
 
 LOG2E = 1.4426950408889634
-MIN_SPLIT_TOKENS = 256  # fewer keys per split and the combine step costs more than the split gains
+# Keys a split covers at least. At batch 1 an H100 runs a 640-key context in 19.0 us with 2 splits and in
+# 8.9-9.9 with 8-16 (Gemma 3's 256-dim heads; 11.2 against 7.8 us for 128-dim ones), and splitting pays from
+# 256 keys on (bench_paged_attention.py --splits-sweep); below 64 keys a split is less than one key tile.
+MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
 
 

@@ -3,8 +3,8 @@ optionally each head RMS-normalized first (Qwen3's and Gemma 3's q/k norms), in 
 
 As in wick.layers.rotary.RotaryEmbedding, cos and sin are rounded to q's dtype and every product and
 sum is rounded to it as the torch ops do, so the results equal the torch path bit for bit. The norm
-rounds where wick.kernels.rms_norm does (the scaled head, then its product with the weight), so the
-fused kernel gives what the two kernels give but where the variance's order of summation tips a rounding.
+rounds where wick.kernels.rms_norm does (the scaled head, then its product with the weight); the tests
+hold the fused kernel within a rounding of the norm then the rotation.
 """
 
 from __future__ import annotations

@@ -2,8 +2,7 @@
 
 A decoder layer is attention then an MLP, each behind a norm; families differ in which extra norms sit
 around them (Gemma's sandwich, GLM-4's post norms), in the norm itself, and in the MLP (gated, or a
-mixture of experts). The residual add is fused into the norm that follows it, and so is the norm of a
-sublayer's output before the add where the family has one.
+mixture of experts). The residual add is fused into the norm that follows it.
 """
 
 from __future__ import annotations
@@ -127,27 +126,24 @@ class DecoderLayer(nn.Module):
                 setattr(self, name, norm(cfg.hidden_size, cfg.norm_eps))
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
-        x_norm: nn.Module | None = None,
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x_norm: the previous layer's post-MLP norm, still to be applied to hidden_states. Returns (the MLP's
-        output, before this layer's post-MLP norm, and the residual stream before it): the next norm applies
-        the post-MLP norm and adds them, in one kernel on CUDA."""
+        """Returns (this layer's last output, the residual stream before it): the next norm adds them."""
         layout = self.layout
         pre_attn = getattr(self, layout.pre_attn)
         if residual is None:
             residual = hidden_states
             hidden_states = pre_attn(hidden_states)
         else:
-            hidden_states, residual = pre_attn(hidden_states, residual, x_norm)
+            hidden_states, residual = pre_attn(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states)
-        post_attn = getattr(self, layout.post_attn) if layout.post_attn is not None else None
-        hidden_states, residual = getattr(self, layout.pre_mlp)(hidden_states, residual, post_attn)
-        return self.mlp(hidden_states), residual
-
-    @property
-    def post_mlp_norm(self) -> nn.Module | None:
-        return getattr(self, self.layout.post_mlp) if self.layout.post_mlp is not None else None
+        if layout.post_attn is not None:
+            hidden_states = getattr(self, layout.post_attn)(hidden_states)
+        hidden_states, residual = getattr(self, layout.pre_mlp)(hidden_states, residual)
+        hidden_states = self.mlp(hidden_states)
+        if layout.post_mlp is not None:
+            hidden_states = getattr(self, layout.post_mlp)(hidden_states)
+        return hidden_states, residual
 
 
 class DecoderModel(nn.Module):
@@ -166,9 +162,8 @@ class DecoderModel(nn.Module):
         if self.embed_scale is not None:
             # as HF does: the scale rounded to the weights' dtype first
             hidden_states = hidden_states * torch.tensor(self.embed_scale, dtype=hidden_states.dtype)
-        residual = x_norm = None
+        residual = None
         for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual, x_norm)
-            x_norm = layer.post_mlp_norm
-        hidden_states, _ = self.norm(hidden_states, residual, x_norm)
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
