@@ -29,6 +29,7 @@ class GeluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
+            # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.activation import gelu_and_mul
 
             return gelu_and_mul(x, self.approximate)

@@ -118,19 +118,20 @@ class RotaryEmbedding(nn.Module):
         """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated.
         norms: q's and k's per-head RMSNorms (their subclasses change only how weights load), applied first."""
         kernel = q.is_cuda and self.is_neox and self.rotary_dim == self.head_size
+        fused_norms = None
         if norms is not None:
             q_norm, k_norm = norms
             if kernel and q_norm.eps == k_norm.eps and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype:
-                from wick.kernels.rotary import rotary_embedding
-
-                return rotary_embedding(positions, q, k, self.cos_sin_cache, (q_norm.weight, k_norm.weight),
-                                        q_norm.eps)
-            q = q_norm(q.flatten(1).unflatten(1, (-1, self.head_size)))
-            k = k_norm(k.flatten(1).unflatten(1, (-1, self.head_size)))
+                fused_norms = (q_norm.weight, k_norm.weight)
+            else:
+                q = q_norm(q.flatten(1).unflatten(1, (-1, self.head_size)))
+                k = k_norm(k.flatten(1).unflatten(1, (-1, self.head_size)))
         if kernel:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.rotary import rotary_embedding
 
+            if fused_norms is not None:
+                return rotary_embedding(positions, q, k, self.cos_sin_cache, fused_norms, norms[0].eps)
             return rotary_embedding(positions, q, k, self.cos_sin_cache)
         cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         if self.is_neox and self.rotary_dim == self.head_size:
