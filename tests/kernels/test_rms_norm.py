@@ -33,15 +33,29 @@ def check_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> 
     assert_close(out, rms_norm_ref(x, weight, eps))
 
 
-def check_fused_add(num_tokens: int, dim: int, dtype: torch.dtype, eps: float = 1e-6) -> None:
+def check_fused_add(num_tokens: int, dim: int, dtype: torch.dtype, eps: float = 1e-6, x_norm: bool = False) -> None:
+    """x_norm: x is RMS-normalized (another weight and eps) before the add, in the same kernel; that must give
+    exactly what rms_norm then fused_add_rms_norm give, and match the reference as they do."""
     torch.manual_seed(0)
     x = torch.randn(num_tokens, dim, dtype=dtype, device=DEVICE)
     residual = torch.randn(num_tokens, dim, dtype=dtype, device=DEVICE) * 4
     weight = random_weight(dim, dtype)
-    expected, expected_residual = fused_add_rms_norm_ref(x, residual, weight, eps)
-    out, new_residual = fused_add_rms_norm(x, residual, weight, eps)
+    first = (random_weight(dim, dtype), 1e-5) if x_norm else None
+    expected, expected_residual = fused_add_rms_norm_ref(rms_norm_ref(x, *first) if first else x, residual, weight,
+                                                         eps)
+    if first:
+        two_kernels, two_kernels_residual = fused_add_rms_norm(rms_norm(x, *first), residual.clone(), weight, eps)
+    out, new_residual = fused_add_rms_norm(x, residual, weight, eps, first)
     assert new_residual is residual
-    torch.testing.assert_close(residual, expected_residual, atol=0, rtol=0)
+    if first:
+        torch.testing.assert_close(residual, two_kernels_residual, atol=0, rtol=0)
+        torch.testing.assert_close(out, two_kernels, atol=0, rtol=0)
+        if dtype == torch.bfloat16:  # an ulp of the first norm tips the sum's rounding where it cancels
+            return
+        torch.testing.assert_close(residual, expected_residual, rtol=TOLERANCE[dtype]["rtol"],
+                                   atol=4 * torch.finfo(dtype).eps)
+    else:
+        torch.testing.assert_close(residual, expected_residual, atol=0, rtol=0)
     assert_close(out, expected)
 
 
@@ -69,9 +83,10 @@ def test_per_head_norm_of_strided_views(dtype: torch.dtype) -> None:
     check_rms_norm(k, random_weight(16, dtype))
 
 
+@pytest.mark.parametrize("x_norm", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_fused_add_matches_reference(dtype: torch.dtype) -> None:
-    check_fused_add(num_tokens=7, dim=40, dtype=dtype)
+def test_fused_add_matches_reference(dtype: torch.dtype, x_norm: bool) -> None:
+    check_fused_add(num_tokens=7, dim=40, dtype=dtype, x_norm=x_norm)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -86,6 +101,19 @@ def test_matches_layer_torch_path(dtype: torch.dtype) -> None:
     out, new_residual = fused_add_rms_norm(x.to(DEVICE), residual.to(DEVICE), weight, layer.eps)
     torch.testing.assert_close(new_residual.cpu(), expected_residual, atol=0, rtol=0)
     assert_close(out.cpu(), expected)
+
+
+def test_layer_with_x_norm_matches_x_norm_then_layer() -> None:
+    """RMSNorm given the norm of x (fused on CUDA) against that norm's output added the usual way."""
+    torch.manual_seed(0)
+    layer, first = RMSNorm(24, eps=1e-5).to(DEVICE), RMSNorm(24, eps=1e-6).to(DEVICE)
+    layer.weight.data.normal_(1.0, 0.3)
+    first.weight.data.normal_(1.0, 0.3)
+    x, residual = torch.randn(4, 24, device=DEVICE), torch.randn(4, 24, device=DEVICE)
+    out, new_residual = layer(x, residual.clone(), first)
+    expected, expected_residual = layer(first(x), residual.clone())
+    assert_close(new_residual, expected_residual)
+    assert_close(out, expected)
 
 
 def test_fp32_weight_promotes_output() -> None:
@@ -114,6 +142,7 @@ def test_bf16_cuda(num_tokens: int, dim: int) -> None:
     assert_close(out, expected)
     assert (out == expected).float().mean() > 0.999
     check_fused_add(num_tokens, dim, torch.bfloat16)
+    check_fused_add(num_tokens, dim, torch.bfloat16, x_norm=True)
 
 
 @pytest.mark.gpu

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata, set_forward_context
 from wick.layers.attention.torch_backend import TorchAttentionBackend
 
@@ -22,14 +23,15 @@ class Sequence:
 
 
 class PagedRunner:
-    def __init__(self, model: nn.Module, num_blocks: int = 256, block_size: int = 4, seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, num_blocks: int = 256, block_size: int = 4, seed: int = 0,
+                 backend: AttentionBackend | None = None) -> None:
         self.model = model
         self.block_size = block_size
         for module in model.modules():
             if hasattr(module, "kv_cache_shapes"):
                 module.bind_kv_cache([torch.zeros(s) for s in module.kv_cache_shapes(num_blocks, block_size)])
         self.free_blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(seed)).tolist()
-        self.backend = TorchAttentionBackend()
+        self.backend = backend or TorchAttentionBackend()
 
     def step(self, work: list[tuple[Sequence, int]]) -> list[torch.Tensor]:
         """Runs the next n tokens of each (sequence, n) as one packed batch; returns each one's logits [n, vocab]."""

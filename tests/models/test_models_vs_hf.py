@@ -82,3 +82,20 @@ def test_mixed_batch_matches_each_alone(pair: tuple[torch.nn.Module, torch.nn.Mo
     alone = run(PagedRunner(ours, seed=2), [Sequence(list(p)) for p in ps], batched=False)
     for a, b in zip(batched, alone, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma3", "phi3_longrope"])
+def test_triton_backend_matches_torch_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the Triton backend the layers write the KV cache themselves (in the rotary kernel on CUDA; here,
+    its kernels in Triton's interpreter, after the torch rotation): the same tokens and logits as the torch backend."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from wick.layers.attention.triton_backend import TritonAttentionBackend
+
+    config = CONFIGS[name]
+    _, ours = build_pair(config)
+    ps = prompts(config.vocab_size)[:2]
+    expected = PagedRunner(ours).generate(ps, 4)
+    results = PagedRunner(ours, backend=TritonAttentionBackend()).generate(ps, 4)
+    for (tokens, logits), (expected_tokens, expected_logits) in zip(results, expected, strict=True):
+        assert tokens == expected_tokens
+        torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -54,6 +56,21 @@ def kv_cache_write(
         NUM_KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads), HEAD_DIM=head_dim,
         FP8=k_cache.dtype in FP8_DTYPES,
     )
+
+
+@dataclass(frozen=True)
+class KVCacheTarget:
+    """Where one layer's new K/V go this step: its caches, the step's slots, the fp8 scales. The attention
+    backend writes there itself unless the caller has (the rotary kernel, while it rotates k)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slot_mapping: torch.Tensor
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> None:
+        kv_cache_write(k, v, self.k_cache, self.v_cache, self.slot_mapping, self.k_scale, self.v_scale)
 
 
 def to_cache(x: torch.Tensor, cache_dtype: torch.dtype, scale: float) -> torch.Tensor:

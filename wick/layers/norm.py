@@ -23,9 +23,10 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: RMSNorm | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without residual: norm(x). With residual: (norm(x + residual), x + residual).
+        """Without residual: norm(x). With residual: (norm(x + residual), x + residual). x_norm (with a
+        residual only): a norm applied to x first (Gemma's and GLM-4's norm of a sublayer's output).
 
         On CUDA one fused kernel runs, and x + residual is written into residual in place.
         """
@@ -35,9 +36,15 @@ class RMSNorm(nn.Module):
 
             if residual is None:
                 return rms_norm(x, self.weight, self.eps)
+            if x_norm is not None and x_norm.weight.dtype == x.dtype:
+                return fused_add_rms_norm(x, residual, self.weight, self.eps, (x_norm.weight, x_norm.eps))
+            if x_norm is not None:
+                x = x_norm(x)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
         if residual is None:
             return self._norm(x)
+        if x_norm is not None:
+            x = x_norm(x)
         x = x + residual
         return self._norm(x), x
 
@@ -70,9 +77,11 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: nn.Module | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return self._norm(x)
+        if x_norm is not None:
+            x = x_norm(x)
         x = x + residual
         return self._norm(x), x

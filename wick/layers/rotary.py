@@ -7,13 +7,16 @@ Scaling types: default, linear, llama3, yarn and longrope. cos/sin are tabulated
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from wick.layers.norm import RMSNorm
+
+if TYPE_CHECKING:
+    from wick.kernels.kv_cache_write import KVCacheTarget
 
 
 def rope_parameters(config: PretrainedConfig) -> tuple[float, dict[str, Any] | None]:
@@ -113,10 +116,12 @@ class RotaryEmbedding(nn.Module):
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-        norms: tuple[RMSNorm, RMSNorm] | None = None,
+        norms: tuple[RMSNorm, RMSNorm] | None = None, v: torch.Tensor | None = None,
+        cache: KVCacheTarget | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated.
-        norms: q's and k's per-head RMSNorms (their subclasses change only how weights load), applied first."""
+        norms: q's and k's per-head RMSNorms (their subclasses change only how weights load), applied first.
+        v and cache: the rotated k and v are written into the cache too (by the rotary kernel where it runs)."""
         kernel = q.is_cuda and self.is_neox and self.rotary_dim == self.head_size
         fused_norms = None
         if norms is not None:
@@ -130,16 +135,19 @@ class RotaryEmbedding(nn.Module):
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.rotary import rotary_embedding
 
-            if fused_norms is not None:
-                return rotary_embedding(positions, q, k, self.cos_sin_cache, fused_norms, norms[0].eps)
-            return rotary_embedding(positions, q, k, self.cos_sin_cache)
+            return rotary_embedding(positions, q, k, self.cos_sin_cache, fused_norms,
+                                    norms[0].eps if fused_norms is not None else 1e-6, v, cache)
         cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         if self.is_neox and self.rotary_dim == self.head_size:
             # Whole heads: x * [cos, cos] + [x2, x1] * [-sin, sin], four ops a tensor instead of a dozen, and
             # the same roundings as x1 * cos - x2 * sin, x2 * cos + x1 * sin (the Triton kernel's).
             cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
-            return self._rotate_whole(q, cos, sin), self._rotate_whole(k, cos, sin)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+            q, k = self._rotate_whole(q, cos, sin), self._rotate_whole(k, cos, sin)
+        else:
+            q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        if cache is not None:
+            cache.write(k.view(k.shape[0], -1, self.head_size), v.view(v.shape[0], -1, self.head_size))
+        return q, k
 
     def _rotate_whole(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         heads = x.view(x.shape[0], -1, self.head_size)

@@ -2,7 +2,8 @@
 
 A decoder layer is attention then an MLP, each behind a norm; families differ in which extra norms sit
 around them (Gemma's sandwich, GLM-4's post norms), in the norm itself, and in the MLP (gated, or a
-mixture of experts). The residual add is fused into the norm that follows it.
+mixture of experts). The residual add is fused into the norm that follows it, and so is the norm of a
+sublayer's output before the add where the family has one.
 """
 
 from __future__ import annotations
@@ -110,8 +111,9 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k, (self.q_norm, self.k_norm) if self.qk_norm else None)
-        return self.o_proj(self.attn(q, k, v))
+        cache = self.attn.cache_target()
+        q, k = self.rotary_emb(positions, q, k, (self.q_norm, self.k_norm) if self.qk_norm else None, v, cache)
+        return self.o_proj(self.attn(q, k, v, kv_written=cache is not None))
 
 
 class DecoderLayer(nn.Module):
@@ -126,24 +128,27 @@ class DecoderLayer(nn.Module):
                 setattr(self, name, norm(cfg.hidden_size, cfg.norm_eps))
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+        x_norm: nn.Module | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (this layer's last output, the residual stream before it): the next norm adds them."""
+        """x_norm: the previous layer's post-MLP norm, still to be applied to hidden_states. Returns (the MLP's
+        output, before this layer's post-MLP norm, and the residual stream before it): the next norm applies
+        the post-MLP norm and adds them, in one kernel on CUDA."""
         layout = self.layout
         pre_attn = getattr(self, layout.pre_attn)
         if residual is None:
             residual = hidden_states
             hidden_states = pre_attn(hidden_states)
         else:
-            hidden_states, residual = pre_attn(hidden_states, residual)
+            hidden_states, residual = pre_attn(hidden_states, residual, x_norm)
         hidden_states = self.self_attn(positions, hidden_states)
-        if layout.post_attn is not None:
-            hidden_states = getattr(self, layout.post_attn)(hidden_states)
-        hidden_states, residual = getattr(self, layout.pre_mlp)(hidden_states, residual)
-        hidden_states = self.mlp(hidden_states)
-        if layout.post_mlp is not None:
-            hidden_states = getattr(self, layout.post_mlp)(hidden_states)
-        return hidden_states, residual
+        post_attn = getattr(self, layout.post_attn) if layout.post_attn is not None else None
+        hidden_states, residual = getattr(self, layout.pre_mlp)(hidden_states, residual, post_attn)
+        return self.mlp(hidden_states), residual
+
+    @property
+    def post_mlp_norm(self) -> nn.Module | None:
+        return getattr(self, self.layout.post_mlp) if self.layout.post_mlp is not None else None
 
 
 class DecoderModel(nn.Module):
@@ -162,8 +167,9 @@ class DecoderModel(nn.Module):
         if self.embed_scale is not None:
             # as HF does: the scale rounded to the weights' dtype first
             hidden_states = hidden_states * torch.tensor(self.embed_scale, dtype=hidden_states.dtype)
-        residual = None
+        residual = x_norm = None
         for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual)
-        hidden_states, _ = self.norm(hidden_states, residual)
+            hidden_states, residual = layer(positions, hidden_states, residual, x_norm)
+            x_norm = layer.post_mlp_norm
+        hidden_states, _ = self.norm(hidden_states, residual, x_norm)
         return hidden_states

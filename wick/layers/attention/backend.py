@@ -14,6 +14,9 @@ class AttentionBackend(ABC):
     # captured in a CUDA graph (the grid may depend only on the batch size and metadata.max_seq_len) and
     # replayed after prepare() with another step's metadata.
     supports_cuda_graph: bool = False
+    # True when the cache is laid out as wick.kernels.kv_cache_write writes it, so a caller may write k/v
+    # there itself (the rotary kernel does, while it rotates k) and call forward() with kv_written=True.
+    caller_writes_kv: bool = False
 
     def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A zeroed cache of `shape` ([num_blocks, block_size, Hkv, D]), laid out in memory as this backend
@@ -38,6 +41,7 @@ class AttentionBackend(ABC):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        kv_written: bool = False,
     ) -> torch.Tensor:
         """Paged attention over one packed batch.
 
@@ -49,4 +53,5 @@ class AttentionBackend(ABC):
         sliding_window: a query at position p sees keys at positions > p - sliding_window only.
         logits_soft_cap: scores become cap * tanh(scores / cap) before the softmax (Gemma 2).
         k_scale, v_scale: an fp8 (e4m3) cache holds K / k_scale and V / v_scale.
+        kv_written: k and v are in the cache already (backends with caller_writes_kv only).
         """

@@ -67,6 +67,7 @@ class FlashInferAttentionBackend(AttentionBackend):
     # Graph steps plan their batch size's decode wrapper in prepare(); the captured run() reads the plan
     # from that wrapper's fixed device buffers.
     supports_cuda_graph = True
+    caller_writes_kv = True
 
     def __init__(self) -> None:
         self._workspace: torch.Tensor | None = None
@@ -89,6 +90,7 @@ class FlashInferAttentionBackend(AttentionBackend):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        kv_written: bool = False,
     ) -> torch.Tensor:
         key = (sliding_window, logits_soft_cap)
         variant = self._variants.get(key)
@@ -96,7 +98,7 @@ class FlashInferAttentionBackend(AttentionBackend):
             if self._workspace is None:
                 self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
             variant = self._variants[key] = _Variant(self._workspace, sliding_window, logits_soft_cap)
-        return variant.forward(q, k, v, k_cache, v_cache, metadata, scale, k_scale, v_scale)
+        return variant.forward(q, k, v, k_cache, v_cache, metadata, scale, k_scale, v_scale, kv_written)
 
 
 class _Variant:
@@ -131,8 +133,10 @@ class _Variant:
         scale: float,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        kv_written: bool = False,
     ) -> torch.Tensor:
-        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
+        if not kv_written:
+            kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         if metadata is not self._planned_for:
             if torch.cuda.is_current_stream_capturing():
                 raise RuntimeError("FlashInfer plans on the host: call prepare() or run the step once before capture")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from wick.kernels.kv_cache_write import KVCacheTarget
 from wick.layers.attention.metadata import get_forward_context
 
 
@@ -40,7 +41,16 @@ class Attention(nn.Module):
     def bind_kv_cache(self, caches: list[torch.Tensor]) -> None:
         self.k_cache, self.v_cache = caches
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def cache_target(self) -> KVCacheTarget | None:
+        """Where this step's new K/V go, when the step's backend lets the caller write them (the caller then
+        passes kv_written=True to forward); None when the backend writes them itself."""
+        context = get_forward_context()
+        if not context.backend.caller_writes_kv:
+            return None
+        return KVCacheTarget(self.k_cache, self.v_cache, context.attn_metadata.slot_mapping, self.k_scale,
+                             self.v_scale)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_written: bool = False) -> torch.Tensor:
         context = get_forward_context()
         out = context.backend.forward(
             q.view(-1, self.num_heads, self.head_dim),
@@ -54,5 +64,6 @@ class Attention(nn.Module):
             logits_soft_cap=self.logits_soft_cap,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            kv_written=kv_written,
         )
         return out.view(-1, self.num_heads * self.head_dim)

@@ -42,7 +42,10 @@ class TorchAttentionBackend(AttentionBackend):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        kv_written: bool = False,
     ) -> torch.Tensor:
+        if kv_written:
+            raise ValueError("the torch backend writes the cache itself (its caller_writes_kv is False)")
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         tokens, slots = metadata.written
         written_k, written_v = (k, v) if tokens is None else (k.index_select(0, tokens), v.index_select(0, tokens))

@@ -13,6 +13,7 @@ from wick.layers.attention.metadata import AttentionMetadata
 class TritonAttentionBackend(AttentionBackend):
     # the kernels' grids depend only on the token count, the request count, max_query_len and max_seq_len
     supports_cuda_graph = True
+    caller_writes_kv = True
 
     def forward(
         self,
@@ -27,8 +28,10 @@ class TritonAttentionBackend(AttentionBackend):
         logits_soft_cap: float | None = None,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
+        kv_written: bool = False,
     ) -> torch.Tensor:
-        kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
+        if not kv_written:
+            kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         out = paged_attention(q, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_tables, scale, metadata.max_query_len, metadata.max_seq_len,
                               sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
