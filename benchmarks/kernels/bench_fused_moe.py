@@ -6,6 +6,9 @@ For each token count: microseconds per call (CUDA graph), the expert FLOPs done 
 of the measured bf16 matmul peak (what matters for throughput), and the bytes of the experts actually hit
 per second and their share of the copy bandwidth (what matters for decode). `--sweep` times every tile
 shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
+`--rotate R`: each timed call is one of R calls in a row whose tokens route to R disjoint groups of experts, as a
+model's layers each read their own experts; with R = 1 the same experts are read at every call and partly stay in
+the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB).
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
@@ -27,7 +30,7 @@ from wick.layers.moe.routing import select_experts
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): small row tiles for few pairs an expert, wgmma-sized ones for many.
 SWEEP = {
-    "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256], [4], [3, 4, 5])),
+    "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256], [2, 4], [3, 4, 5])),
     "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
 }
 
@@ -51,6 +54,7 @@ def main() -> None:
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--json", default=None, help="write the sweep's timings here")
+    parser.add_argument("--rotate", type=int, default=1, help="calls in a row over disjoint expert groups")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
@@ -62,13 +66,14 @@ def main() -> None:
     print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
           f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     if args.sweep:
-        sweep(args.tokens, w13, w2, e, k, h, dtype, args.json)
+        sweep(args.tokens, w13, w2, e, k, h, dtype, args.json, args.rotate)
+    print(f"{args.rotate} expert group(s) in turn")
     print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
-        weights, ids = select_experts(torch.randn(tokens, e, device="cuda"), k, renormalize=True)
-        fused_experts(x, w13, w2, weights, ids)
-        ms = do_bench_cudagraph(lambda x=x, weights=weights, ids=ids: fused_experts(x, w13, w2, weights, ids))
+        routes = routings(tokens, e, k, args.rotate)
+        weights, ids = routes[0]
+        ms = time_ms(x, w13, w2, routes, None)
         ref = float("nan")
         if not args.skip_reference:
             ref = do_bench(lambda x=x, weights=weights, ids=ids: fused_experts_ref(x, w13, w2, weights, ids))
@@ -80,20 +85,40 @@ def main() -> None:
               f"{flops / seconds / peak:.0%} | {hit} | {read / seconds / 1e9:.0f} | {read / seconds / bandwidth:.0%}")
 
 
+def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(weights, ids) of `groups` routings, the g-th choosing among the g-th of `groups` equal groups of experts."""
+    size = experts // groups
+    routes = []
+    for g in range(groups):
+        logits = torch.randn(tokens, experts, device="cuda")
+        logits[:, g * size:(g + 1) * size] += 100.0
+        routes.append(select_experts(logits, top_k, renormalize=True))
+    return routes
+
+
+def time_ms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, routes: list[tuple[torch.Tensor, torch.Tensor]],
+            config: tuple[int, int, int, int, int] | None) -> float:
+    """Milliseconds a call, in a CUDA graph of one call per routing."""
+
+    def run() -> None:
+        for weights, ids in routes:
+            fused_experts(x, w13, w2, weights, ids, config)
+
+    run()
+    return do_bench_cudagraph(run) / len(routes)
+
+
 def sweep(token_counts: list[int], w13: torch.Tensor, w2: torch.Tensor, experts: int, top_k: int, hidden: int,
-          dtype: torch.dtype, json_path: str | None) -> None:
+          dtype: torch.dtype, json_path: str | None, groups: int) -> None:
     """Every config of SWEEP at every token count: the default's and the best's microseconds."""
     results = {}
     for tokens in token_counts:
         x = torch.randn(tokens, hidden, dtype=dtype, device="cuda")
-        weights, ids = select_experts(torch.randn(tokens, experts, device="cuda"), top_k, renormalize=True)
+        routes = routings(tokens, experts, top_k, groups)
         timings = {}
         for config in SWEEP["small" if tokens * top_k <= 512 else "large"] + [moe_config(tokens * top_k, dtype)]:
             try:
-                fused_experts(x, w13, w2, weights, ids, config)
-                timings[str(config)] = do_bench_cudagraph(
-                    lambda x=x, weights=weights, ids=ids, config=config: fused_experts(x, w13, w2, weights, ids,
-                                                                                       config)) * 1e3
+                timings[str(config)] = time_ms(x, w13, w2, routes, config) * 1e3
             except Exception as error:  # a tile too large for the shared memory
                 print(f"{tokens} tokens {config}: {type(error).__name__}")
         default = str(moe_config(tokens * top_k, dtype))

@@ -6,8 +6,7 @@ tile read through the block table serves every query head of the group. A reques
 last query_len context positions (causal). Softmax is online, in fp32, in base 2.
 
 Split-KV: with num_splits > 1 each program covers one slice of its tile's keys and writes an
-unnormalised partial result with its running max and sum; the tile's last program to finish (an atomic
-count a tile, which that program sets back to zero) merges them, so no second kernel is launched.
+unnormalised partial result with its running max and sum; _combine_splits_kernel merges them.
 
 The launch reads no device values on the host: the grid depends only on q.shape[0], the number of
 requests, max_query_len and (through the split choice) max_seq_len, so a decode step can be captured
@@ -81,7 +80,7 @@ def _attend_tile(
 
 @triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, done_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, v_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -156,51 +155,42 @@ def _paged_attention_kernel(
                                      BLOCK_N, HEAD_DIM, BLOCK_SIZE, True, WINDOWED, SOFT_CAP, DOT_PRECISION)
 
     if SPLIT:
-        part = (token * (tl.num_programs(1) * GROUP) + head) * num_splits
-        tl.store(part_acc_ptr + (part + split)[:, None] * HEAD_DIM + dims[None, :], acc * v_scale,
-                 mask=row_valid[:, None])
-        tl.store(part_m_ptr + part + split, m_i, mask=row_valid)
-        tl.store(part_l_ptr + part + split, l_i, mask=row_valid)
-        tl.debug_barrier()  # every thread's partials are stored before the count releases them
-        done_at = done_ptr + pid * tl.num_programs(1) + kv_head
-        if tl.atomic_add(done_at, 1, sem="acq_rel") != num_splits - 1:
-            return
-        tl.atomic_xchg(done_at, 0)
-        m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-        for s in range(num_splits):
-            m_s = tl.load(part_m_ptr + part + s, mask=row_valid, other=-1e30, cache_modifier=".cg")
-            l_s = tl.load(part_l_ptr + part + s, mask=row_valid, other=0.0, cache_modifier=".cg")
-            acc_s = tl.load(part_acc_ptr + (part + s)[:, None] * HEAD_DIM + dims[None, :], mask=row_valid[:, None],
-                            other=0.0, cache_modifier=".cg")
-            m_new = tl.maximum(m_i, m_s)
-            alpha, beta = tl.exp2(m_i - m_new), tl.exp2(m_s - m_new)
-            l_i = l_i * alpha + l_s * beta
-            acc = acc * alpha[:, None] + acc_s * beta[:, None]
-            m_i = m_new
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        part = (token * (tl.num_programs(1) * GROUP) + head) * num_splits + split
+        tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc * v_scale, mask=row_valid[:, None])
+        tl.store(part_m_ptr + part, m_i, mask=row_valid)
+        tl.store(part_l_ptr + part, l_i, mask=row_valid)
     else:
         out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+        tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
+
+
+@triton.jit(do_not_specialize=["num_reqs", "num_splits"])
+def _combine_splits_kernel(
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_reqs, num_splits,
+    stride_ot, stride_oh,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+):
+    token = tl.program_id(0)
+    head = tl.program_id(1)
+    if token >= tl.load(query_start_loc_ptr + num_reqs):
+        return
+    splits = tl.arange(0, SPLITS_PAD)
+    dims = tl.arange(0, HEAD_DIM)
+    valid = splits < num_splits
+    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
+    m = tl.load(part_m_ptr + part, mask=valid, other=float("-inf"))
+    l_part = tl.load(part_l_ptr + part, mask=valid, other=0.0)
+    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None], other=0.0)
+    weight = tl.exp2(m - tl.max(m, 0))
+    total = tl.sum(weight * l_part, 0)
+    out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
 
 
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
-
-
-_done_counts: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_done_counts(device: torch.device, size: int) -> torch.Tensor:
-    """Zeroed int32 counts of finished splits, one a (query tile, KV head); each launch leaves them zero.
-    Kept across launches, so a captured graph holds the same buffer at every replay."""
-    counts = _done_counts.get(device)
-    if counts is None or counts.numel() < size:
-        counts = _done_counts[device] = torch.zeros(max(size, 4096), dtype=torch.int32, device=device)
-    return counts
 
 
 def tile_config(max_query_len: int, group: int, head_dim: int) -> tuple[int, int, int]:
@@ -278,11 +268,10 @@ def paged_attention(
         part_acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_m = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
-        done = _split_done_counts(q.device, query_tiles * num_kv_heads)
     else:
-        part_acc = part_m = part_l = done = out
+        part_acc = part_m = part_l = out
     _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_m, part_l, done,
+        q, k_cache, v_cache, out, part_acc, part_m, part_l,
         query_start_loc, seq_lens, block_tables,
         scale * k_scale if logits_soft_cap else scale * k_scale * LOG2E, v_scale, sliding_window or 0,
         logits_soft_cap or 0.0, num_reqs,
@@ -295,6 +284,12 @@ def paged_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         num_warps=4,
     )
+    if split:
+        _combine_splits_kernel[(num_tokens, num_heads)](
+            out, part_acc, part_m, part_l, query_start_loc, num_reqs, num_splits,
+            out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+        )
     return out
 
 
