@@ -1,4 +1,5 @@
-"""Paged attention with our Triton kernels: one kernel writes K/V into the pages, one attends."""
+"""Paged attention with our Triton kernels: one kernel writes K/V into the pages (unless the layer has, in its
+rotary kernel), one attends."""
 
 from __future__ import annotations
 
