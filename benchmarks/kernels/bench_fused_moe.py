@@ -8,7 +8,8 @@ per second and their share of the copy bandwidth (what matters for decode). `--s
 shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
 `--rotate R`: each timed call is one of R calls in a row whose tokens route to R disjoint groups of experts, as a
 model's layers each read their own experts; with R = 1 the same experts are read at every call and partly stay in
-the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB).
+the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB). `--layers L`: the
+experts of L layers, call r reading layer r % L's, as a model spreads its experts over its layers' tensors.
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
@@ -55,19 +56,20 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--json", default=None, help="write the sweep's timings here")
     parser.add_argument("--rotate", type=int, default=1, help="calls in a row over disjoint expert groups")
+    parser.add_argument("--layers", type=int, default=1, help="layers of experts the calls take in turn")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
     e, k, h, i = args.experts, args.top_k, args.hidden_size, args.intermediate_size
-    w13 = torch.randn(e, 2 * i, h, dtype=dtype, device="cuda") / h**0.5
-    w2 = torch.randn(e, h, i, dtype=dtype, device="cuda") / i**0.5
+    w13 = torch.randn(args.layers, e, 2 * i, h, dtype=dtype, device="cuda").div_(h**0.5)
+    w2 = torch.randn(args.layers, e, h, i, dtype=dtype, device="cuda").div_(i**0.5)
     peak, bandwidth = matmul_peak(dtype), copy_bandwidth()
-    expert_bytes = (w13[0].numel() + w2[0].numel()) * w13.element_size()
+    expert_bytes = (w13[0, 0].numel() + w2[0, 0].numel()) * w13.element_size()
     print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
           f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     if args.sweep:
         sweep(args.tokens, w13, w2, e, k, h, dtype, args.json, args.rotate)
-    print(f"{args.rotate} expert group(s) in turn")
+    print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts")
     print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
@@ -76,7 +78,7 @@ def main() -> None:
         ms = time_ms(x, w13, w2, routes, None)
         ref = float("nan")
         if not args.skip_reference:
-            ref = do_bench(lambda x=x, weights=weights, ids=ids: fused_experts_ref(x, w13, w2, weights, ids))
+            ref = do_bench(lambda x=x, weights=weights, ids=ids: fused_experts_ref(x, w13[0], w2[0], weights, ids))
         flops = 2 * tokens * k * 3 * h * i
         hit = ids.unique().numel()
         read = hit * expert_bytes + 2 * x.numel() * x.element_size()
@@ -98,11 +100,12 @@ def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[t
 
 def time_ms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, routes: list[tuple[torch.Tensor, torch.Tensor]],
             config: tuple[int, int, int, int, int] | None) -> float:
-    """Milliseconds a call, in a CUDA graph of one call per routing."""
+    """Milliseconds a call, in a CUDA graph of one call per routing; w13, w2 [layers, ...]: call r reads layer
+    r % layers."""
 
     def run() -> None:
-        for weights, ids in routes:
-            fused_experts(x, w13, w2, weights, ids, config)
+        for r, (weights, ids) in enumerate(routes):
+            fused_experts(x, w13[r % w13.shape[0]], w2[r % w2.shape[0]], weights, ids, config)
 
     run()
     return do_bench_cudagraph(run) / len(routes)
