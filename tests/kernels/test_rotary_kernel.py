@@ -145,6 +145,7 @@ def test_layer_writes_the_cache_on_its_torch_path() -> None:
     slots = torch.tensor([5, -1, 0], device=DEVICE)
     out_q, out_k = rope(positions, q, k, v=v, cache=KVCacheTarget(*caches, slots))
     expected_q, expected_k = rope(positions, q, k)
+    torch.testing.assert_close(out_q, expected_q, atol=0, rtol=0)
     torch.testing.assert_close(out_k, expected_k, atol=0, rtol=0)
     expected_caches = [torch.zeros_like(c) for c in caches]
     kv_cache_write_ref(expected_k, v.view(3, 2, 16), *expected_caches, slots)

@@ -84,6 +84,8 @@ def test_mixed_batch_matches_each_alone(pair: tuple[torch.nn.Module, torch.nn.Mo
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="interprets Triton on CPU tensors, which must be chosen before "
+                    "the kernels' modules load; on CUDA tests/models/test_families_engine.py runs the Triton backend")
 @pytest.mark.parametrize("name", ["llama3", "qwen3", "gemma3", "phi3_longrope"])
 def test_triton_backend_matches_torch_backend(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the Triton backend the layers write the KV cache themselves (in the rotary kernel on CUDA; here,
