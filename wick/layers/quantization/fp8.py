@@ -142,6 +142,10 @@ class Fp8LinearMethod(LinearMethod):
             from wick.kernels.fp8_matmul import fp8_matmul
 
             out = fp8_matmul(x, layer.weight, layer.fp8_scale, layer.fp8_block)
+        elif layer.fp8_block[0] == 1 and layer.fp8_block[1] >= x.shape[-1]:
+            # One scale a row multiplies the product: W converts to x's dtype exactly, in one pass
+            # (expanding the scales and W to float32 first moved ~28 bytes a weight where this moves 5).
+            out = (x @ layer.weight.to(x.dtype).t()).mul_(layer.fp8_scale.view(-1))
         else:
             out = x @ fp8_dequantize(layer.weight, layer.fp8_scale, layer.fp8_block).to(x.dtype).t()
         return out + bias if bias is not None else out
