@@ -5,28 +5,37 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wick.kernels.fp8_matmul import GEMV_MAX_ROWS, fp8_dequantize, fp8_matmul
+from wick.kernels.fp8_matmul import FP8_TILE_CONFIGS, GEMV_MAX_ROWS, fp8_dequantize, fp8_matmul
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
 def _check(rows: int, n: int, k: int, block: tuple[int, int], dtype: torch.dtype,
-           gemv_config: tuple[int, int, int] | None = None) -> None:
+           gemv_config: tuple[int, int, int] | None = None,
+           tile_config: tuple[int, int, int, int, int] | None = None) -> None:
     g = torch.Generator().manual_seed(n + k)
     weight = torch.randn(n, k, generator=g).clamp(-400, 400).to(torch.float8_e4m3fn).to(DEVICE)
     scale = (torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3).to(DEVICE)
     x = torch.randn(rows, k, generator=g).to(DEVICE, dtype)
     expected = x.float() @ fp8_dequantize(weight, scale, block).t()
-    out = fp8_matmul(x, weight, scale, block, gemv_config=gemv_config)
+    out = fp8_matmul(x, weight, scale, block, gemv_config=gemv_config, tile_config=tile_config)
     assert out.dtype == dtype and out.shape == (rows, n)
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS + 9])
-@pytest.mark.parametrize("block", [(128, 128), (1, 200)], ids=["block128", "per_row"])
+@pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS + 9, 70])
+@pytest.mark.parametrize("block", [(128, 128), (1, 200), (128, 96)], ids=["block128", "per_row", "block96"])
 def test_matches_dequantized(rows: int, block: tuple[int, int]) -> None:
+    """One row (GEMV), a few (the tile kernel) and more than a row tile; 96-wide scale tiles take the row
+    kernel, which scales each weight."""
     _check(rows, 160, 200, block, torch.float32)
+
+
+@pytest.mark.parametrize("config", [c for _, c in FP8_TILE_CONFIGS], ids=str)
+@pytest.mark.parametrize("block", [(128, 128), (1, 200)], ids=["block128", "per_row"])
+def test_tile_configs(block: tuple[int, int], config: tuple[int, int, int, int, int]) -> None:
+    _check(20, 160, 200, block, torch.float32, tile_config=config)
 
 
 @pytest.mark.parametrize(("block", "config"), [((128, 128), (16, 64, 2)), ((1, 200), (4, 256, 4)),
@@ -41,7 +50,7 @@ def test_half_precision() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 5, 64, 700])
+@pytest.mark.parametrize("rows", [1, 5, 16, 64, 200, 700])
 @pytest.mark.parametrize("block", [(128, 128), (1, 4096)], ids=["block128", "per_row"])
 def test_gpu_bf16(rows: int, block: tuple[int, int]) -> None:
     _check(rows, 1536, 4096, block, torch.bfloat16)

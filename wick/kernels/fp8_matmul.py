@@ -17,21 +17,17 @@ def fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
     return weight.float() * expanded
 
 
-@triton.jit(do_not_specialize=["M"])
-def _fp8_kernel(
-    x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
-    BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GEMV: tl.constexpr,
+@triton.jit
+def _fp8_row_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
+    BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    """One row of x against BLOCK_N rows of W, any scale tiles (each weight scaled before the product)."""
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     ks = tl.arange(0, BLOCK_K)
-    if GEMV:
-        acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    else:
-        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
@@ -39,19 +35,43 @@ def _fp8_kernel(
         w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * stride_wn + k[None, :], mask=mask, other=0.0)
         scale = tl.load(scale_ptr + (cols // BLOCK_SN)[:, None] * stride_sn + (k // BLOCK_SK)[None, :] * stride_sk,
                         mask=mask, other=0.0)
-        w = w.to(tl.float32) * scale
-        if GEMV:
-            x = tl.load(x_ptr + pid_m.to(tl.int64) * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
-            acc += tl.sum(w * x[None, :], axis=1)
+        x = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
+        acc += tl.sum(w.to(tl.float32) * scale * x[None, :], axis=1)
+    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _fp8_tile_kernel(
+    x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
+    BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr, PER_ROW: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T: the fp8 W tile, converted in registers (exactly: e4m3 fits
+    in bf16), is the wide operand and the few rows of x the narrow one. The scale multiplies each BLOCK_K step's
+    product (BLOCK_K divides BLOCK_SK), or, with one scale a row (PER_ROW), the sum once."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    m_mask = rows < M
+    ks = tl.arange(0, BLOCK_K)
+    scale_row = scale_ptr + tl.where(n_mask, cols // BLOCK_SN, 0) * stride_sn
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        k_mask = k < K
+        w = tl.load(w_ptr + cols.to(tl.int64)[:, None] * stride_wn + k[None, :],
+                    mask=n_mask[:, None] & k_mask[None, :], other=0.0).to(x_ptr.dtype.element_ty)
+        xt = tl.load(x_ptr + rows.to(tl.int64)[None, :] * stride_xm + k[:, None],
+                     mask=k_mask[:, None] & m_mask[None, :], other=0.0)
+        if PER_ROW:
+            acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
         else:
-            x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :],
-                        mask=(rows < M)[:, None] & k_mask[None, :], other=0.0)
-            acc += tl.dot(x, tl.trans(w.to(x_ptr.dtype.element_ty)), out_dtype=tl.float32)
-    if GEMV:
-        tl.store(out_ptr + pid_m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
-    else:
-        out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & n_mask[None, :])
+            scale = tl.load(scale_row + (k0 // BLOCK_SK) * stride_sk)
+            acc += tl.dot(w, xt, input_precision=DOT_PRECISION, out_dtype=tl.float32) * scale[:, None]
+    if PER_ROW:
+        acc *= tl.load(scale_row)[:, None]
+    out = out_ptr + rows.to(tl.int64)[None, :] * stride_om + cols[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 @triton.jit
@@ -80,12 +100,22 @@ def _fp8_gemv_kernel(
 GEMV_MAX_ROWS = 8
 # Rows per program, columns per step and warps of the GEMV (benchmarks/kernels/bench_quant_gemv.py).
 FP8_GEMV_CONFIG = (4, 1024, 2)
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the tile kernel by the most rows they serve; 32 and 128 rows
+# from `benchmarks/kernels/bench_fp8_gemm.py --sweep` on an H100; past the last, the last.
+FP8_TILE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (16, (16, 128, 128, 4, 4)),
+    (32, (32, 128, 128, 8, 4)),
+    (64, (64, 128, 128, 4, 3)),
+    (1 << 62, (128, 128, 64, 8, 4)),
+]
 
 
 def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-               gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+               gemv_config: tuple[int, int, int] | None = None,
+               tile_config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """x [..., K] @ W^T -> [..., N] in x's dtype; W [N, K] float8, scale [ceil(N / block[0]), ceil(K / block[1])].
-    gemv_config: (rows, columns a step, warps) of the GEMV, for benchmarks; None picks them."""
+    gemv_config: (rows, columns a step, warps) of the GEMV; tile_config: (BLOCK_M, BLOCK_N, BLOCK_K, warps,
+    stages) of the tile kernel; for benchmarks, None picks them."""
     n, k = weight.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -94,19 +124,27 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    gemv = m <= GEMV_MAX_ROWS
+    args = (x2, weight, scale, out)
+    strides = (x2.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), out.stride(0))
+    per_row = block[0] == 1 and block[1] >= k
+    if m > GEMV_MAX_ROWS:
+        block_m, block_n, block_k, warps, stages = tile_config or next(c for rows, c in FP8_TILE_CONFIGS if m <= rows)
+        if not per_row:
+            block_k = min(block_k, 1 << (block[1].bit_length() - 1))
+        if per_row or block[1] % block_k == 0:
+            _fp8_tile_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
+                *args, m, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1], PER_ROW=per_row,
+                BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+            return out.reshape(*x.shape[:-1], n)
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
     if block[1] < k:
         block_k = min(block_k, 1 << (block[1].bit_length() - 1))
-    if gemv and (block[1] >= k or block[1] % block_k == 0):
+    if block[1] >= k or block[1] % block_k == 0:
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x2, weight, scale, out, n, k, x2.stride(0), weight.stride(0), scale.stride(0), scale.stride(1),
-            out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
-        return out.reshape(*x.shape[:-1], n)
-    block_m = 1 if gemv else 16 if m <= 16 else 64
-    block_n, block_k = (32, 128) if gemv else (64, 64)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-    _fp8_kernel[grid](x2, weight, scale, out, m, n, k, x2.stride(0), weight.stride(0), scale.stride(0),
-                      scale.stride(1), out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1],
-                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GEMV=gemv)
+            *args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=block_k,
+            num_warps=warps)
+    else:
+        _fp8_row_kernel[(m, triton.cdiv(n, 32))](*args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1],
+                                                 BLOCK_N=32, BLOCK_K=128)
     return out.reshape(*x.shape[:-1], n)

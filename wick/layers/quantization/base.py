@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-# Rows of x from which an FP8 or GPTQ/AWQ layer on a GPU dequantizes W whole and multiplies in x's dtype (cuBLAS),
-# as it does on the CPU: for an 8,192-token prefill their tiled kernels took 50x and 8x bf16's time on an H200
-# (docs/benchmarks.md, session 9).
+# Rows of x from which a GPTQ/AWQ layer on a GPU dequantizes W whole and multiplies in x's dtype (cuBLAS), as it
+# does on the CPU: for an 8,192-token prefill its tiled kernel took 8x bf16's time on an H200 (docs/benchmarks.md,
+# session 9). FP8 has its own bound (fp8.TILE_MAX_ROWS).
 DEQUANTIZE_MIN_ROWS = 64
 
 

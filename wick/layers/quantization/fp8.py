@@ -3,8 +3,9 @@
 and in-situ quantization of full-precision checkpoints (`--quantization fp8`: one scale per output row).
 
 Per-tensor scales of merged shards become per-row scales, so every layer is either block-scaled or
-row-scaled. On a GPU of compute capability 8.9 or more (fp8 conversions in hardware) the Triton kernel
-reads the fp8 bytes once; elsewhere the weight is dequantized per forward.
+row-scaled. On a GPU of compute capability 8.9 or more (fp8 conversions in hardware) the Triton kernels
+read the fp8 bytes once, up to TILE_MAX_ROWS rows; past them, and elsewhere, the weight is converted per
+forward (with one scale a row the scale then multiplies the product).
 """
 
 from __future__ import annotations
@@ -16,9 +17,13 @@ import torch
 from torch import nn
 
 from wick.kernels.fp8_matmul import fp8_dequantize
-from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
+from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+# Up to this many rows the fp8 kernels read W as it is held; past it (long prefills) W converted to x's dtype and
+# cuBLAS win. On an H100 the tile kernel took 0.34 ms at 64 rows and 1.04 at 1,024 for Llama-3.1-8B's four
+# linears where W converted then cuBLAS took 0.86 and 1.45 (benchmarks/kernels/bench_fp8_gemm.py).
+TILE_MAX_ROWS = 1024
 
 
 class Fp8Config(QuantizationConfig):
@@ -137,7 +142,7 @@ class Fp8LinearMethod(LinearMethod):
         return [layer.fp8_scale]
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if (x.is_cuda and x.numel() < DEQUANTIZE_MIN_ROWS * x.shape[-1]
+        if (x.is_cuda and x.numel() <= TILE_MAX_ROWS * x.shape[-1]
                 and torch.cuda.get_device_capability(x.device) >= (8, 9)):
             from wick.kernels.fp8_matmul import fp8_matmul
 
