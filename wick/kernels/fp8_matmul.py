@@ -17,6 +17,11 @@ def fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, 
     return weight.float() * expanded
 
 
+def scales_per_row(block: tuple[int, int], k: int) -> bool:
+    """Whether scale tiles of `block` over a W of k columns are one scale a row."""
+    return block[0] == 1 and block[1] >= k
+
+
 @triton.jit
 def _fp8_row_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
@@ -126,7 +131,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
         return out.reshape(*x.shape[:-1], n)
     args = (x2, weight, scale, out)
     strides = (x2.stride(0), weight.stride(0), scale.stride(0), scale.stride(1), out.stride(0))
-    per_row = block[0] == 1 and block[1] >= k
+    per_row = scales_per_row(block, k)
     if m > GEMV_MAX_ROWS:
         block_m, block_n, block_k, warps, stages = tile_config or next(c for rows, c in FP8_TILE_CONFIGS if m <= rows)
         if not per_row:

@@ -13,6 +13,14 @@ FP8_MAX: tl.constexpr = tl.constexpr(torch.finfo(torch.float8_e4m3fn).max)
 
 
 @triton.jit
+def to_cache_values(x, cache_ptr, inv_scale, FP8: tl.constexpr):
+    """x as the cache at cache_ptr holds it: an fp8 cache x * inv_scale, saturated."""
+    if FP8:
+        return tl.clamp(x.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX).to(cache_ptr.dtype.element_ty)
+    return x.to(cache_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _kv_cache_write_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr, k_inv_scale, v_inv_scale,
     stride_kt, stride_kh, stride_vt, stride_vh,
@@ -28,11 +36,10 @@ def _kv_cache_write_kernel(
     mask = heads[:, None] < NUM_KV_HEADS
     k = tl.load(k_ptr + token * stride_kt + heads[:, None] * stride_kh + dims[None, :], mask=mask)
     v = tl.load(v_ptr + token * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=mask)
-    if FP8:
-        k = tl.clamp(k.to(tl.float32) * k_inv_scale, -FP8_MAX, FP8_MAX).to(k_cache_ptr.dtype.element_ty)
-        v = tl.clamp(v.to(tl.float32) * v_inv_scale, -FP8_MAX, FP8_MAX).to(v_cache_ptr.dtype.element_ty)
-    tl.store(k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head + dims[None, :], k, mask=mask)
-    tl.store(v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head + dims[None, :], v, mask=mask)
+    tl.store(k_cache_ptr + slot * stride_kc_slot + heads[:, None] * stride_kc_head + dims[None, :],
+             to_cache_values(k, k_cache_ptr, k_inv_scale, FP8), mask=mask)
+    tl.store(v_cache_ptr + slot * stride_vc_slot + heads[:, None] * stride_vc_head + dims[None, :],
+             to_cache_values(v, v_cache_ptr, v_inv_scale, FP8), mask=mask)
 
 
 def kv_cache_write(

@@ -16,14 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.kv_cache_write import FP8_DTYPES, FP8_MAX, KVCacheTarget
-
-
-@triton.jit
-def _to_cache(x, cache_ptr, inv_scale, FP8: tl.constexpr):
-    if FP8:
-        return tl.clamp(x.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX).to(cache_ptr.dtype.element_ty)
-    return x.to(cache_ptr.dtype.element_ty)
+from wick.kernels.kv_cache_write import FP8_DTYPES, KVCacheTarget, to_cache_values
 
 
 @triton.jit
@@ -56,8 +49,8 @@ def _rotate_heads(
     tl.store(out_ptr + out_first + HALF, out2.to(dtype), mask=mask)
     if WRITE_CACHE:
         mask = (heads < cache_heads)[:, None] & (dims < HALF)[None, :]
-        tl.store(cache_ptr + out_first, _to_cache(out1.to(dtype), cache_ptr, inv_scale, FP8), mask=mask)
-        tl.store(cache_ptr + out_first + HALF, _to_cache(out2.to(dtype), cache_ptr, inv_scale, FP8), mask=mask)
+        tl.store(cache_ptr + out_first, to_cache_values(out1.to(dtype), cache_ptr, inv_scale, FP8), mask=mask)
+        tl.store(cache_ptr + out_first + HALF, to_cache_values(out2.to(dtype), cache_ptr, inv_scale, FP8), mask=mask)
 
 
 @triton.jit
@@ -67,7 +60,7 @@ def _write_v(v_ptr, stride_vh, stride_vd, cache_ptr, cache_heads, inv_scale, NUM
     dims = tl.arange(0, HEAD_DIM_PAD)
     mask = (heads < cache_heads)[:, None] & (dims < HEAD_DIM)[None, :]
     v = tl.load(v_ptr + heads[:, None] * stride_vh + dims[None, :] * stride_vd, mask=mask, other=0.0)
-    tl.store(cache_ptr + heads[:, None] * HEAD_DIM + dims[None, :], _to_cache(v, cache_ptr, inv_scale, FP8),
+    tl.store(cache_ptr + heads[:, None] * HEAD_DIM + dims[None, :], to_cache_values(v, cache_ptr, inv_scale, FP8),
              mask=mask)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from wick.kernels.fp8_matmul import fp8_dequantize
+from wick.kernels.fp8_matmul import fp8_dequantize, scales_per_row
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -147,7 +147,7 @@ class Fp8LinearMethod(LinearMethod):
             from wick.kernels.fp8_matmul import fp8_matmul
 
             out = fp8_matmul(x, layer.weight, layer.fp8_scale, layer.fp8_block)
-        elif layer.fp8_block[0] == 1 and layer.fp8_block[1] >= x.shape[-1]:
+        elif scales_per_row(layer.fp8_block, x.shape[-1]):
             # One scale a row multiplies the product: W converts to x's dtype exactly, in one pass
             # (expanding the scales and W to float32 first moved ~28 bytes a weight where this moves 5).
             out = (x @ layer.weight.to(x.dtype).t()).mul_(layer.fp8_scale.view(-1))
