@@ -12,6 +12,7 @@ from gguf import GGMLQuantizationType
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
+    Q4_K_TILE_MAX_ROWS,
     TRITON_TYPES,
     gguf_dequantize,
     gguf_matmul,
@@ -87,7 +88,7 @@ def test_half_precision(qtype: GGMLQuantizationType) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 4, 64, 300])
+@pytest.mark.parametrize("rows", [1, 4, 20, 64, 200, 300])
 def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
     _check(qtype, rows, 1000, 4096, torch.bfloat16)
 
@@ -108,5 +109,28 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
     weight = random_gguf(qtype, n, k, seed=12)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(6)).to(DEVICE)
     expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
-    out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k))
+    out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k), tile_max_rows=0)
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize(("rows", "n", "k", "config", "split_k"), [
+    (GEMV_MAX_ROWS + 1, 40, 512, None, None),
+    (33, 24, 1280, (16, 16, 1, 4, 2), 1),
+    (20, 70, 768, (32, 32, 4, 4, 2), 1),
+    (17, 64, 1024, (16, 64, 2, 4, 3), 1),
+    (40, 48, 1280, (16, 16, 1, 4, 2), 3),
+    (12, 40, 1024, (16, 32, 2, 4, 2), 100),
+    (200, 72, 512, None, None),
+], ids=["default", "pairs_1_rows_past_tiles", "pairs_4_ragged_n", "pairs_2_two_steps_a_block", "split_3",
+        "split_one_step_each", "largest_tile"])
+def test_q4_k_tile_kernel(rows: int, n: int, k: int, config: tuple[int, int, int, int, int] | None,
+                          split_k: int | None) -> None:
+    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=13)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    expected = x @ dequantize(weight.data, GGMLQuantizationType.Q4_K, (n, k)).t().to(DEVICE)
+    for _ in range(2):  # the second call meets the arrival counts the first left
+        out = gguf_matmul(x, weight.data.to(DEVICE), GGMLQuantizationType.Q4_K, (n, k), tile_config=config,
+                          split_k=split_k, tile_max_rows=Q4_K_TILE_MAX_ROWS)
+        assert out.shape == (rows, n)
+        torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    assert not arrival_counts(torch.device(DEVICE)).any()

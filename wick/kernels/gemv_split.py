@@ -46,21 +46,21 @@ class SplitK:
 
 
 @triton.jit
-def store_gemv_output(acc, cols, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
-                      SPLIT: tl.constexpr):
-    """Stores program (m, tile, split)'s sums `acc` for output columns `cols` of row m: directly, or where
-    SPLIT as one of SPLITS partial sums, the last to arrive adding them all into out."""
-    m = tl.program_id(0)
+def store_split_output(acc, rows, cols, mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                       SPLIT: tl.constexpr):
+    """Stores program (m, tile, split)'s sums `acc` for rows `rows` (the program's row of x, or a tile of them
+    broadcast against `cols`) and output columns `cols`: directly, or where SPLIT as one of SPLITS partial sums,
+    the last to arrive adding them all into out."""
+    rows = rows.to(tl.int64)
     if SPLIT:
-        tl.store(work_ptr + (tl.program_id(2).to(tl.int64) * M + m) * N + cols, acc, mask=n_mask)
+        tl.store(work_ptr + (tl.program_id(2) * M + rows) * N + cols, acc, mask=mask)
         tl.debug_barrier()
-        tile = m * tl.num_programs(1) + tl.program_id(1)
+        tile = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
         if tl.atomic_add(counts_ptr + tile, 1, sem="acq_rel") == SPLITS - 1:
             total = tl.zeros_like(acc)
             for s in range(0, SPLITS):
-                total += tl.load(work_ptr + (s * M + m).to(tl.int64) * N + cols, mask=n_mask, other=0.0,
-                                 cache_modifier=".cg")
-            tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=n_mask)
+                total += tl.load(work_ptr + (s * M + rows) * N + cols, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + rows * stride_om + cols, total.to(out_ptr.dtype.element_ty), mask=mask)
             tl.atomic_xchg(counts_ptr + tile, 0)
     else:
-        tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+        tl.store(out_ptr + rows * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)

@@ -4,10 +4,11 @@ For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed b
 owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
 step and reducing it against a row of x. Q4_K's GEMV first rounds x to int8 in runs of 32, as llama.cpp does,
 and multiplies a word's nibbles by it four at a time (dp4a), since decoding each weight to a float cost more
-instructions than its bytes took to arrive. For more rows (prefill, larger batches) W is decoded whole into
-x's dtype and cuBLAS multiplies: from 16 rows on that took 3-70x less time than decoding tiles for tl.dot did
-(docs/benchmarks.md, session 9). The decoding of every type follows wick/loader/gguf_dequant.py, which is the
-reference in the tests.
+instructions than its bytes took to arrive. From 9 to Q4_K_TILE_MAX_ROWS rows Q4_K W is decoded a tile at a
+time in registers for tl.dot (out^T = W x^T), its bytes read once a tile of rows. Otherwise (prefill, other
+types, layers small enough that their decoded copy stays in the L2 cache) W is decoded whole into x's dtype
+and cuBLAS multiplies. The decoding of every type follows wick/loader/gguf_dequant.py, which is the reference
+in the tests.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from wick.kernels.gemv_split import SplitK, store_gemv_output
+from wick.kernels.gemv_split import SplitK, store_split_output
 from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
@@ -30,6 +31,19 @@ _CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(_CODES)
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
+# Rows of x up to which Q4_K runs the tile kernel; past them W is dequantized whole for cuBLAS.
+Q4_K_TILE_MAX_ROWS = 256
+# (BLOCK_M, BLOCK_N, PAIRS, warps, stages) of the Q4_K tile kernel by the most rows they serve
+# (benchmarks/kernels/bench_quant_gemm.py --sweep at 16, 64 and 256 rows on an H100); past the last, the last.
+Q4_K_TILE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (16, (16, 64, 2, 4, 3)),
+    (32, (32, 64, 2, 8, 3)),
+    (64, (64, 128, 2, 8, 3)),
+    (128, (128, 64, 2, 8, 3)),
+    (1 << 62, (256, 64, 2, 8, 3)),
+]
+# Warps an SM that splitting K of the tile kernel aims at.
+Q4_K_TILE_SPLIT_WARPS = 16
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
 # of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
@@ -220,14 +234,60 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
             xs_high = tl.load(xs_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
             acc += (d[:, None] * (scale_low * xd_low * dot_low + scale_high * xd_high * dot_high)
                     - dmin[:, None] * (min_low * xs_low + min_high * xs_high))
-    store_gemv_output(tl.sum(acc, axis=1), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
-                      SPLIT)
+    store_split_output(tl.sum(acc, axis=1), tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr,
+                       counts_ptr, M, N, SPLITS, SPLIT)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, stride_xm, row_words, stride_om,
+                      SPLIT_PAIRS, SPLITS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAIRS: tl.constexpr,
+                      SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for Q4_K W, PAIRS pairs of sub-blocks (64 columns) a step:
+    byte 32p + l of a block's codes holds element 64p + l in its low nibble and 64p + 32 + l in its high one.
+    The step's codes are read as [BLOCK_N, PAIRS, 2, 32] (each byte twice, once a nibble) so that the decoded
+    tile is in column order and x^T is read contiguously. W is the wide operand, the few rows of x the narrow
+    one. Where SPLIT, program (.., .., s) takes SPLIT_PAIRS pairs from pair s * SPLIT_PAIRS (gemv_split.py)."""
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    m_mask = rows < M
+    # Rows of W past N read row 0 and are not stored.
+    row_base = tl.where(n_mask, cols, 0).to(tl.int64) * row_words
+    p = tl.arange(0, PAIRS)[None, :, None]
+    half = tl.arange(0, 2)[None, None, :]
+    lane = tl.arange(0, 32)[None, None, None, :]
+    ks = tl.arange(0, 64 * PAIRS)
+    x_rows = x_ptr + rows.to(tl.int64)[None, :] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    p_begin = tl.program_id(2) * SPLIT_PAIRS
+    for p0 in range(p_begin, tl.minimum(K // 64, p_begin + SPLIT_PAIRS), PAIRS):
+        block = row_base + (p0 // 4) * 36
+        head = tl.load(words + block)[:, None, None]
+        d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+        a = tl.load(words + block + 1)[:, None, None]
+        m = tl.load(words + block + 2)[:, None, None]
+        c = tl.load(words + block + 3)[:, None, None]
+        scale, minimum = _k_scale_min_words(a, m, c, 2 * (p0 % 4 + p) + half)
+        codes = tl.load((w_ptr + block * 4 + 16 + (p0 % 4) * 32)[:, None, None, None] + 32 * p[:, :, :, None]
+                        + lane).to(tl.int32)
+        # A code q in the float32 mantissa's top bits reads 1 + q / 16: no integer-to-float conversion, which
+        # runs at an eighth of the rate of a multiply-add. w = (1 + q / 16) * 16 d s - (16 d s + dmin m).
+        ds16 = (16.0 * d * scale)[:, :, :, None]
+        q = (((codes >> (4 * half[:, :, :, None])) & 15) << 19 | 0x3F800000).to(tl.float32, bitcast=True)
+        w = q * ds16 - (ds16 + (dmin * minimum)[:, :, :, None])
+        w = tl.reshape(w, (BLOCK_N, 64 * PAIRS)).to(x_ptr.dtype.element_ty)
+        xt = tl.load(x_rows + (p0 * 64 + ks)[:, None], mask=m_mask[None, :], other=0.0)
+        acc = tl.dot(w, xt, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    store_split_output(acc, rows[None, :], cols[:, None], n_mask[:, None] & m_mask[None, :], out_ptr, stride_om,
+                       work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
 
 
 @triton.jit
 def _k_scale_min_words(a, m, c, sub):
-    """The 6-bit scales and mins of sub-blocks `sub` ([1, S] in 0..7) from a Q4_K block's scale words a, m, c
-    ([BLOCK_N, 1]: bytes 4-7, 8-11 and 12-15 of the block), as floats [BLOCK_N, S]."""
+    """The 6-bit scales and mins of sub-blocks `sub` (in 0..7) from a Q4_K block's scale words a, m, c (bytes
+    4-7, 8-11 and 12-15 of the block), as floats of their broadcast shape."""
     shift = 8 * (sub % 4)
     a_byte = (a >> shift) & 255
     m_byte = (m >> shift) & 255
@@ -243,6 +303,14 @@ def _levels(device: torch.device) -> torch.Tensor:
     return torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=device)
 
 
+def _dequantized_stays_in_l2(weights: int, x: torch.Tensor) -> bool:
+    """Whether W dequantized into x's dtype is small enough to stay in the L2 cache between the dequantizing
+    kernel and cuBLAS (a quarter of it): then the copy costs little and cuBLAS beats the tile kernel."""
+    if not x.is_cuda:
+        return False
+    return weights * x.element_size() <= torch.cuda.get_device_properties(x.device).L2_cache_size // 4
+
+
 def q4_k_words_ok(data: torch.Tensor) -> bool:
     """Whether Q4_K rows can be read as int32 words (rows and their start 4-byte aligned)."""
     return data.stride(-1) == 1 and data.stride(0) % 4 == 0 and data.data_ptr() % 4 == 0
@@ -250,22 +318,39 @@ def q4_k_words_ok(data: torch.Tensor) -> bool:
 
 def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType,
                 shape: tuple[int, int], gemv_config: tuple[int, int, int, int] | None = None,
-                split_k: int | None = None) -> torch.Tensor:
+                split_k: int | None = None, tile_config: tuple[int, int, int, int, int] | None = None,
+                tile_max_rows: int | None = None) -> torch.Tensor:
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
     gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the Q4_K GEMV and
-    split_k its splits of K, for benchmarks and tests; None picks them."""
+    split_k its splits of K (of either kernel); tile_config: (BLOCK_M, BLOCK_N, PAIRS, warps, stages) of the
+    Q4_K tile kernel and tile_max_rows the most rows it takes; for benchmarks and tests, None picks them (no
+    rows where W dequantized stays in the L2 cache)."""
     n, k = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if m > GEMV_MAX_ROWS:
+    q4_k_words = qtype == T.Q4_K and q4_k_words_ok(data)
+    if tile_max_rows is None:
+        tile_max_rows = 0 if _dequantized_stays_in_l2(n * k, x) else Q4_K_TILE_MAX_ROWS
+    if m > GEMV_MAX_ROWS and not (q4_k_words and m <= tile_max_rows):
         return (x2 @ gguf_dequantize(data, qtype, shape, x.dtype).t()).reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    if qtype == T.Q4_K and q4_k_words_ok(data):
+    if m > GEMV_MAX_ROWS:
+        block_m, block_n, pairs, warps, stages = tile_config or next(
+            c for rows, c in Q4_K_TILE_CONFIGS if m <= rows)
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+        split = SplitK(k // 64 // pairs, grid[0] * grid[1], warps, Q4_K_TILE_SPLIT_WARPS, out, split_k)
+        _q4_k_tile_kernel[(*grid, split.splits)](
+            x2, data, out, split.work, split.counts, m, n, k, x2.stride(0), data.stride(0) // 4, out.stride(0),
+            split.steps * pairs, split.splits, BLOCK_M=block_m, BLOCK_N=block_n, PAIRS=pairs,
+            SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=warps, num_stages=stages)
+        return out.reshape(*x.shape[:-1], n)
+    if q4_k_words:
         block_n, block_b, warps, split_warps = gemv_config or Q4_K_GEMV_CONFIG
         while (k // 256) % block_b:
             block_b //= 2

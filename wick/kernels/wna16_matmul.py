@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.gemv_split import SplitK, store_gemv_output
+from wick.kernels.gemv_split import SplitK, store_split_output
 from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
 
 
@@ -158,8 +158,8 @@ def _w4a8_gemv_kernel(
         zero = tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
         acc += scale[None, :] * (dot.to(tl.float32) * x_scale)
         acc_zero += scale * zero * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
-    store_gemv_output(tl.sum(acc, axis=0) - acc_zero, cols, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N,
-                      SPLITS, SPLIT)
+    store_split_output(tl.sum(acc, axis=0) - acc_zero, tl.program_id(0), cols, n_mask, out_ptr, stride_om,
+                       work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
 
 
 GEMV_MAX_ROWS = 8
