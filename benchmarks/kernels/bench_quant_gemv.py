@@ -22,7 +22,7 @@ from triton.testing import do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
-from wick.kernels.gguf_matmul import Q4_K_GEMV_CONFIG, gguf_matmul
+from wick.kernels.gguf_matmul import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG, gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 
 # (name, N, K) of Llama-3.1-8B's linear layers as wick merges them.
@@ -34,8 +34,9 @@ SWEEPS = {
     "q4_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),
     "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 32])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
+    "q6_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
 }
-DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG}
+DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "q6_k": Q6_K_GEMV_CONFIG}
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
@@ -49,6 +50,14 @@ def _q4_k(n: int, k: int) -> tuple[Callable, int]:
     blocks[:, :, :4] = scales.view(torch.uint8).reshape(n, k // 256, 4)
     data = blocks.reshape(n, -1)
     return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config),
+            data.numel())
+
+
+def _q6_k(n: int, k: int) -> tuple[Callable, int]:
+    blocks = torch.randint(0, 256, (n, k // 256, 210), dtype=torch.uint8, device="cuda")
+    blocks[:, :, 208:] = torch.full((n, k // 256, 1), 1e-3, dtype=torch.float16, device="cuda").view(torch.uint8)
+    data = blocks.reshape(n, -1)
+    return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q6_K, (n, k), gemv_config=config),
             data.numel())
 
 
@@ -68,7 +77,7 @@ def _fp8(n: int, k: int) -> tuple[Callable, int]:
     return lambda x, config: fp8_matmul(x, weight, scale, (1, k), gemv_config=config), weight.numel() + n * 4
 
 
-MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8}
+MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8, "q6_k": _q6_k}
 
 
 def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:

@@ -16,7 +16,6 @@ from wick.kernels.gguf_matmul import (
     TRITON_TYPES,
     gguf_dequantize,
     gguf_matmul,
-    q4_k_words_ok,
 )
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
@@ -32,8 +31,9 @@ def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.
     weight = random_gguf(qtype, n, k, seed=int(qtype))
     data = weight.data.to(DEVICE)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    # A few rows of x against Q4_K take the int8 GEMV: its reference is x as it quantizes x.
-    x_seen = quantize_q8_ref(x) if qtype == GGMLQuantizationType.Q4_K and rows <= GEMV_MAX_ROWS else x.float()
+    # A few rows of x against Q4_K or Q6_K take the int8 GEMVs: their reference is x as they quantize x.
+    int8_gemv = qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K) and rows <= GEMV_MAX_ROWS
+    x_seen = quantize_q8_ref(x) if int8_gemv else x.float()
     expected = x_seen @ dequantize(data, qtype, (n, k)).t()
     out = gguf_matmul(x, data, qtype, (n, k))
     assert out.dtype == dtype and out.shape == (rows, n)
@@ -48,18 +48,19 @@ def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> No
     _check(qtype, rows, 40, k, torch.float32)
 
 
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize(("config", "split_k"), [(None, None), ((8, 2, 2, 0), None), ((1, 1, 1, 0), None),
                                                ((8, 1, 1, 0), 2), ((8, 1, 1, 0), 3), ((8, 1, 1, 0), 100)],
                          ids=["default", "8x2", "1x1", "split_3_2", "split_2_2_1", "split_one_block_each"])
-def test_q4_k_word_gemv(config: tuple[int, int, int, int] | None, split_k: int | None) -> None:
+def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int] | None,
+                   split_k: int | None) -> None:
     n, k = 24, 1280
-    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=7)
+    weight = random_gguf(qtype, n, k, seed=7)
     data = weight.data.to(DEVICE)
-    assert q4_k_words_ok(data)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
-    w = dequantize(data, GGMLQuantizationType.Q4_K, (n, k))
+    w = dequantize(data, qtype, (n, k))
     expected = quantize_q8_ref(x) @ w.t()
-    out = gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config, split_k=split_k)
+    out = gguf_matmul(x, data, qtype, (n, k), gemv_config=config, split_k=split_k)
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
     assert not arrival_counts(out.device).any(), "a split GEMV leaves every tile's arrival count at 0"
     # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
@@ -67,16 +68,18 @@ def test_q4_k_word_gemv(config: tuple[int, int, int, int] | None, split_k: int |
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
-def test_q4_k_rows_off_word_boundaries_take_the_byte_kernel() -> None:
+@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q6_K, 1)],
+                         ids=["q4_k", "q6_k"])
+def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationType, offset: int) -> None:
     n, k = 8, 256
-    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=8)
-    padded = torch.zeros(n, weight.data.shape[1] + 2, dtype=torch.uint8)
-    padded[:, 2:] = weight.data
-    data = padded.to(DEVICE)[:, 2:]
-    assert not q4_k_words_ok(data)
+    weight = random_gguf(qtype, n, k, seed=8)
+    padded = torch.zeros(n, weight.data.shape[1] + offset, dtype=torch.uint8)
+    padded[:, offset:] = weight.data
+    data = padded.to(DEVICE)[:, offset:]
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)
-    expected = x @ dequantize(weight.data, GGMLQuantizationType.Q4_K, (n, k)).t().to(DEVICE)
-    torch.testing.assert_close(gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k)), expected,
+    # the float product: the int8 GEMVs would be 1e-2 away
+    expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
+    torch.testing.assert_close(gguf_matmul(x, data, qtype, (n, k)), expected,
                                atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 

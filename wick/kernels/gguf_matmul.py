@@ -2,9 +2,9 @@
 
 For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
 owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
-step and reducing it against a row of x. Q4_K's GEMV first rounds x to int8 in runs of 32, as llama.cpp does,
-and multiplies a word's nibbles by it four at a time (dp4a), since decoding each weight to a float cost more
-instructions than its bytes took to arrive. From 9 to Q4_K_TILE_MAX_ROWS rows Q4_K W is decoded a tile at a
+step and reducing it against a row of x. The Q4_K and Q6_K GEMVs first round x to int8 in runs of 32, as
+llama.cpp does, and multiply a word's codes by it four at a time (dp4a), since decoding each weight to a float
+cost more instructions than its bytes took to arrive. From 9 to Q4_K_TILE_MAX_ROWS rows Q4_K W is decoded a tile at a
 time in registers for tl.dot (out^T = W x^T), its bytes read once a tile of rows. Otherwise (prefill, other
 types, layers small enough that their decoded copy stays in the L2 cache) W is decoded whole into x's dtype
 and cuBLAS multiplies. The decoding of every type follows wick/loader/gguf_dequant.py, which is the reference
@@ -47,6 +47,8 @@ Q4_K_TILE_SPLIT_WARPS = 16
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
 # of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
+# The same for the Q6_K GEMV.
+Q6_K_GEMV_CONFIG = (4, 1, 1, 16)
 
 
 @triton.jit
@@ -285,6 +287,56 @@ def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, stri
 
 
 @triton.jit
+def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, row_halves,
+                         SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q6_K W, BLOCK_B blocks a
+    step. A 210-byte block is 2-byte aligned, so its words are read as pairs of 16-bit halves. Element
+    128h + 32(2 p2 + p1) + 4i + b takes its low four bits from byte b of word 16h + 8p1 + i of ql (nibble p2)
+    and its high two from byte b of word 8h + i of qh (bits 2(2 p2 + p1)): the tensors below are indexed
+    [row, h, p2, p1, g, w] with i = 4g + w, so each ql word is read once for both its nibbles and a scale group
+    of 16 elements is one (g) of them. The codes are unsigned (q + 32): a group's dot takes 32 times its sum of
+    x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS."""
+    halves = w_ptr.to(tl.pointer_type(tl.uint16))
+    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
+    runs = tl.program_id(0).to(tl.int64) * (K // 32)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None, None]
+    two = tl.arange(0, 2)
+    h = two[None, :, None, None, None, None]
+    p2 = two[None, None, :, None, None, None]
+    p1 = two[None, None, None, :, None, None]
+    g = two[None, None, None, None, :, None]
+    i = 4 * g + tl.arange(0, 4)[None, None, None, None, None, :]
+    ql_at = 32 * h + 16 * p1 + 2 * i
+    qh_at = 64 + 16 * h + 2 * i
+    x_at = 32 * h + 16 * p2 + 8 * p1 + i
+    group = (8 * h + 4 * p2 + 2 * p1 + g).reshape(1, 2, 2, 2, 2)
+    run = group // 2
+    acc = tl.zeros([BLOCK_N, 2, 2, 2, 2], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            blk = b0 + bb
+            block = row_base + blk * 105
+            ql = tl.load(halves + block + ql_at).to(tl.int32) | (tl.load(halves + block + ql_at + 1).to(tl.int32) << 16)
+            qh = tl.load(halves + block + qh_at).to(tl.int32) | (tl.load(halves + block + qh_at + 1).to(tl.int32) << 16)
+            codes = ((ql >> (4 * p2)) & 0x0F0F0F0F) | (((qh >> (4 * p2 + 2 * p1)) & 0x03030303) << 4)
+            x = tl.load(x_words + blk * 64 + x_at)
+            dot = tl.sum(dp4a(codes, x, DP4A), axis=5)
+            x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=5)
+            block_byte = (2 * block).reshape(BLOCK_N, 1, 1, 1, 1)
+            scale = tl.load(w_ptr + block_byte + 192 + group).to(tl.int8, bitcast=True).to(tl.float32)
+            d = tl.load(halves + block.reshape(BLOCK_N, 1, 1, 1, 1) + 104).to(tl.float16, bitcast=True)
+            xd = tl.load(xd_ptr + runs + blk * 8 + run)
+            acc += d.to(tl.float32) * scale * xd * (dot - 32 * x_sum).to(tl.float32)
+    total = tl.sum(tl.sum(tl.sum(tl.sum(acc, axis=4), axis=3), axis=2), axis=1)
+    store_split_output(total, tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                       SPLIT)
+
+
+@triton.jit
 def _k_scale_min_words(a, m, c, sub):
     """The 6-bit scales and mins of sub-blocks `sub` (in 0..7) from a Q4_K block's scale words a, m, c (bytes
     4-7, 8-11 and 12-15 of the block), as floats of their broadcast shape."""
@@ -309,6 +361,11 @@ def _dequantized_stays_in_l2(weights: int, x: torch.Tensor) -> bool:
     if not x.is_cuda:
         return False
     return weights * x.element_size() <= torch.cuda.get_device_properties(x.device).L2_cache_size // 4
+
+
+def _halves_ok(data: torch.Tensor) -> bool:
+    """Whether rows can be read as 16-bit halves (rows and their start 2-byte aligned)."""
+    return data.stride(-1) == 1 and data.stride(0) % 2 == 0 and data.data_ptr() % 2 == 0
 
 
 def q4_k_words_ok(data: torch.Tensor) -> bool:
@@ -359,6 +416,18 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
         split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
         _q4_k_q8_gemv_kernel[(*grid, split.splits)](
             xq, xd, xs, data, out, split.work, split.counts, m, n, k, data.stride(0) // 4, split.steps * block_b,
+            split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,
+            num_warps=warps)
+        return out.reshape(*x.shape[:-1], n)
+    if qtype == T.Q6_K and _halves_ok(data):
+        block_n, block_b, warps, split_warps = gemv_config or Q6_K_GEMV_CONFIG
+        while (k // 256) % block_b:
+            block_b //= 2
+        xq, xd, _ = quantize_q8(x2)
+        grid = (m, triton.cdiv(n, block_n))
+        split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
+        _q6_k_q8_gemv_kernel[(*grid, split.splits)](
+            xq, xd, data, out, split.work, split.counts, m, n, k, data.stride(0) // 2, split.steps * block_b,
             split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,
             num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
