@@ -363,6 +363,16 @@ def _dequantized_stays_in_l2(weights: int, x: torch.Tensor) -> bool:
     return weights * x.element_size() <= torch.cuda.get_device_properties(x.device).L2_cache_size // 4
 
 
+def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
+    """(kernel, default config, bytes of its unit of row stride, whether it takes x's run sums) of the int8 GEMV
+    that runs `data`, or None."""
+    if qtype == T.Q4_K and q4_k_words_ok(data):
+        return _q4_k_q8_gemv_kernel, Q4_K_GEMV_CONFIG, 4, True
+    if qtype == T.Q6_K and _halves_ok(data):
+        return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False
+    return None
+
+
 def _halves_ok(data: torch.Tensor) -> bool:
     """Whether rows can be read as 16-bit halves (rows and their start 2-byte aligned)."""
     return data.stride(-1) == 1 and data.stride(0) % 2 == 0 and data.data_ptr() % 2 == 0
@@ -407,29 +417,19 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
             SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             num_warps=warps, num_stages=stages)
         return out.reshape(*x.shape[:-1], n)
-    if q4_k_words:
-        block_n, block_b, warps, split_warps = gemv_config or Q4_K_GEMV_CONFIG
+    int8_gemv = _int8_gemv(qtype, data)
+    if int8_gemv is not None:
+        kernel, default, row_unit, takes_sums = int8_gemv
+        block_n, block_b, warps, split_warps = gemv_config or default
         while (k // 256) % block_b:
             block_b //= 2
         xq, xd, xs = quantize_q8(x2)
         grid = (m, triton.cdiv(n, block_n))
         split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
-        _q4_k_q8_gemv_kernel[(*grid, split.splits)](
-            xq, xd, xs, data, out, split.work, split.counts, m, n, k, data.stride(0) // 4, split.steps * block_b,
-            split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,
-            num_warps=warps)
-        return out.reshape(*x.shape[:-1], n)
-    if qtype == T.Q6_K and _halves_ok(data):
-        block_n, block_b, warps, split_warps = gemv_config or Q6_K_GEMV_CONFIG
-        while (k // 256) % block_b:
-            block_b //= 2
-        xq, xd, _ = quantize_q8(x2)
-        grid = (m, triton.cdiv(n, block_n))
-        split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
-        _q6_k_q8_gemv_kernel[(*grid, split.splits)](
-            xq, xd, data, out, split.work, split.counts, m, n, k, data.stride(0) // 2, split.steps * block_b,
-            split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A,
-            num_warps=warps)
+        kernel[(*grid, split.splits)](
+            *((xq, xd, xs) if takes_sums else (xq, xd)), data, out, split.work, split.counts, m, n, k,
+            data.stride(0) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
+            BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
     block_n = 32 if block_size == 256 else 64
     _gguf_gemv_kernel[(m, triton.cdiv(n, block_n))](
