@@ -10,9 +10,11 @@ shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in
 model's layers each read their own experts; with R = 1 the same experts are read at every call and partly stay in
 the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB). `--layers L`: the
 experts of L layers, call r reading layer r % L's, as a model spreads its experts over its layers' tensors.
+`--gguf Q4_K`: also the same routings over experts packed in that GGUF type (fused_experts_gguf), against bf16.
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
+    python -m benchmarks.kernels.bench_fused_moe --tokens 1 4 8 --skip-reference --rotate 8 --layers 8 --gguf Q4_K
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from functools import partial
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment
 from wick.kernels.fused_moe import fused_experts, moe_config
 from wick.layers.moe.fused_moe import fused_experts_ref
+from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): small row tiles for few pairs an expert, wgmma-sized ones for many.
@@ -57,6 +62,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the sweep's timings here")
     parser.add_argument("--rotate", type=int, default=1, help="calls in a row over disjoint expert groups")
     parser.add_argument("--layers", type=int, default=1, help="layers of experts the calls take in turn")
+    parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q6_K)")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
@@ -85,6 +91,48 @@ def main() -> None:
         seconds = ms / 1e3
         print(f"{tokens} | {ms * 1e3:.1f} | {ref * 1e3:.1f} | {flops / seconds / 1e12:.1f} | "
               f"{flops / seconds / peak:.0%} | {hit} | {read / seconds / 1e9:.0f} | {read / seconds / bandwidth:.0%}")
+    if args.gguf:
+        time_packed(args, GGMLQuantizationType[args.gguf], dtype, bandwidth, w13, w2)
+
+
+def _random_packed(experts: int, rows: int, columns: int, qtype: GGMLQuantizationType,
+                   dtype: torch.dtype) -> PackedExperts:
+    """Random blocks of `qtype` with small float16 scales (no decoded value overflows)."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    data = torch.randint(0, 256, (experts, rows, columns // block, size), dtype=torch.uint8, device="cuda")
+    scale_at = {GGMLQuantizationType.Q4_K: 0, GGMLQuantizationType.Q6_K: 208}[qtype]
+    data[..., scale_at:scale_at + 2] = torch.full((experts, rows, columns // block, 1), 1e-3, dtype=torch.float16,
+                                                  device="cuda").view(torch.uint8)
+    return PackedExperts(data.view(experts, rows, -1), qtype, columns, dtype)
+
+
+def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, dtype: torch.dtype, bandwidth: float,
+                w13: torch.Tensor, w2: torch.Tensor) -> None:
+    """fused_experts_gguf over experts packed in `qtype` against the bf16 kernel, same routings, same layers."""
+    e, k, h, i = args.experts, args.top_k, args.hidden_size, args.intermediate_size
+    layers = [(_random_packed(e, 2 * i, h, qtype, dtype), _random_packed(e, h, i, qtype, dtype))
+              for _ in range(args.layers)]
+    expert_bytes = layers[0][0].data[0].numel() + layers[0][1].data[0].numel()
+    print(f"experts packed in {qtype.name} ({expert_bytes / 1e6:.2f} MB an expert), {args.layers} layer(s) in turn")
+    print(f"tokens | bf16 us | {qtype.name} GEMVs us | {qtype.name} decoded + fused us | best vs bf16 | "
+          "GB/s of the packed bytes hit (best) | % of bandwidth")
+    for tokens in args.tokens:
+        x = torch.randn(tokens, h, dtype=dtype, device="cuda")
+        routes = routings(tokens, e, k, args.rotate)
+
+        def run(gemv_max_pairs: int, routes: list = routes, x: torch.Tensor = x) -> None:
+            for r, (weights, ids) in enumerate(routes):
+                fused_experts_gguf(x, *layers[r % len(layers)], weights, ids, gemv_max_pairs)
+
+        times = []
+        for gemv_max_pairs in (1 << 62, 0):
+            run(gemv_max_pairs)
+            times.append(do_bench_cudagraph(partial(run, gemv_max_pairs)) / len(routes))
+        bf16_ms = time_ms(x, w13, w2, routes, None)
+        best = min(times)
+        read = routes[0][1].unique().numel() * expert_bytes / (best / 1e3)
+        print(f"{tokens} | {bf16_ms * 1e3:.1f} | {times[0] * 1e3:.1f} | {times[1] * 1e3:.1f} | {bf16_ms / best:.2f}x | "
+              f"{read / 1e9:.0f} | {read / bandwidth:.0%}")
 
 
 def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

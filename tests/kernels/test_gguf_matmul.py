@@ -15,6 +15,7 @@ from wick.kernels.gguf_matmul import (
     Q4_K_TILE_MAX_ROWS,
     TRITON_TYPES,
     gguf_dequantize,
+    gguf_expert_gemv,
     gguf_matmul,
 )
 from wick.kernels.int8_activations import quantize_q8_ref
@@ -66,6 +67,20 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
     exact = x @ w.t()
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+def test_expert_gemv(qtype: GGMLQuantizationType) -> None:
+    experts, n, k, tokens, top_k = 3, 24, 512, 3, 2
+    weights = [random_gguf(qtype, n, k, seed=20 + e) for e in range(experts)]
+    data = torch.stack([w.data for w in weights]).to(DEVICE)
+    ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32, device=DEVICE)
+    x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    out = gguf_expert_gemv(x, data, qtype, k, ids, top_k)
+    x_seen = quantize_q8_ref(x)
+    expected = torch.stack([x_seen[p // top_k] @ dequantize(weights[e].data, qtype, (n, k)).to(DEVICE).t()
+                            for p, e in enumerate(ids.tolist())])
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q6_K, 1)],

@@ -1,10 +1,11 @@
 """GGUF files with experts (llama.cpp's layout: each layer's experts stacked in ffn_{gate,up,down}_exps,
 the router in ffn_gate_inp, Qwen2-MoE's shared expert in *_shexp) load into the same model as the
 HF checkpoint they were written from: qwen3moe, qwen2moe, and llama with experts (Mixtral); as the engine
-loads them (matrices packed), the routers are the same floats."""
+loads them (matrices packed), the routers are the same floats and the experts stay packed."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import gguf
@@ -13,11 +14,16 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
+from wick.layers.moe.fused_moe import FusedMoE
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig
 from wick.loader.gguf_loader import iter_gguf_weights, load_gguf_config
 from wick.loader.presets import config_from_dict
+from wick.loader.weights import process_weights_after_loading
 from wick.models.registry import get_model_class
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
+from paged_generate import PagedRunner  # noqa: E402
 
 _LAYER = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -122,9 +128,24 @@ def test_experts_load_as_from_the_hf_checkpoint(arch: str, tmp_path: Path) -> No
     with quantization_scope(GGUFConfig()):
         packed = get_model_class(config.architectures)(config)
     assert packed.load_weights(iter_gguf_weights(str(path), packed=True)) == loaded
+    process_weights_after_loading(packed)
     routers = [name for name, _ in packed.named_parameters()
                if name.endswith(("mlp.gate.weight", "expert_gate.weight"))]
     assert routers
     dense = dict(from_gguf.named_parameters())
     for name in routers:
         assert torch.equal(dict(packed.named_parameters())[name], dense[name]), name
+    # the experts stay in their blocks and decode to the dense model's
+    layers = [(mine, theirs) for mine, theirs in zip(packed.modules(), from_gguf.modules(), strict=True)
+              if isinstance(mine, FusedMoE)]
+    assert layers
+    for mine, theirs in layers:
+        assert mine.w13_weight.dtype == mine.w2_weight.dtype == torch.uint8
+        assert torch.equal(mine.packed["w13"].dequantize_all(), theirs.w13_weight)
+        assert torch.equal(mine.packed["w2"].dequantize_all(), theirs.w2_weight)
+    # and the packed model decodes through the paged KV cache as the one loaded from the HF checkpoint
+    prompts = [[5, 17, 3, 60, 2], [9, 9, 41]]
+    for (tokens, logits), (expected_tokens, expected) in zip(PagedRunner(packed).generate(prompts, 8),
+                                                             PagedRunner(from_hf).generate(prompts, 8), strict=True):
+        assert tokens == expected_tokens
+        torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

@@ -193,18 +193,21 @@ def gguf_dequantize(data: torch.Tensor, qtype: GGMLQuantizationType, shape: tupl
 
 
 @triton.jit
-def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, row_words,
-                         SPLIT_BLOCKS, SPLITS, stride_om,
-                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr):
+def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W, BLOCK_B
     blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word
     4 + 8j + i holds in byte b the elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b
     (high nibble, sub-block 2j + 1): four consecutive elements of x, one int32 word of its int8 codes, so
     each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once.
-    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py)."""
+    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py).
+    EXPERTS and X_ROW_DIV as in _expert_rows."""
+    w_ptr, x_row = _expert_rows(w_ptr, experts_ptr, expert_bytes, EXPERTS, X_ROW_DIV)
     words = w_ptr.to(tl.pointer_type(tl.int32))
-    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
-    runs = tl.program_id(0).to(tl.int64) * (K // 32)
+    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4)
+    runs = x_row * (K // 32)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
@@ -287,19 +290,32 @@ def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, stri
 
 
 @triton.jit
-def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, row_halves,
-                         SPLIT_BLOCKS, SPLITS, stride_om,
-                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr):
+def _expert_rows(w_ptr, experts_ptr, expert_bytes, EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """W and the row of x of output row program_id(0): where EXPERTS, the output rows are (token, expert) pairs,
+    W the pair's expert (experts_ptr[pair], expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV)."""
+    pair = tl.program_id(0).to(tl.int64)
+    if EXPERTS:
+        w_ptr += tl.load(experts_ptr + pair).to(tl.int64) * expert_bytes
+    return w_ptr, pair // X_ROW_DIV
+
+
+@triton.jit
+def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q6_K W, BLOCK_B blocks a
     step. A 210-byte block is 2-byte aligned, so its words are read as pairs of 16-bit halves. Element
     128h + 32(2 p2 + p1) + 4i + b takes its low four bits from byte b of word 16h + 8p1 + i of ql (nibble p2)
     and its high two from byte b of word 8h + i of qh (bits 2(2 p2 + p1)): the tensors below are indexed
     [row, h, p2, p1, g, w] with i = 4g + w, so each ql word is read once for both its nibbles and a scale group
     of 16 elements is one (g) of them. The codes are unsigned (q + 32): a group's dot takes 32 times its sum of
-    x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS."""
+    x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and
+    X_ROW_DIV as in _expert_rows."""
+    w_ptr, x_row = _expert_rows(w_ptr, experts_ptr, expert_bytes, EXPERTS, X_ROW_DIV)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
-    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
-    runs = tl.program_id(0).to(tl.int64) * (K // 32)
+    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4)
+    runs = x_row * (K // 32)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None, None]
@@ -363,6 +379,43 @@ def _dequantized_stays_in_l2(weights: int, x: torch.Tensor) -> bool:
     return weights * x.element_size() <= torch.cuda.get_device_properties(x.device).L2_cache_size // 4
 
 
+def _launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
+                      experts: torch.Tensor | None, x_row_div: int, gemv_config: tuple[int, int, int, int] | None,
+                      split_k: int | None) -> None:
+    """out [rows, N] = each row's x row @ W^T by the int8 GEMV of `qtype`; data [N, row bytes], or with `experts`
+    (each output row's expert) [experts, N, row bytes], x's row then the output row // x_row_div."""
+    kernel, default, row_unit, takes_sums = _int8_gemv(qtype, data)
+    m, n = out.shape
+    k = x.shape[1]
+    block_n, block_b, warps, split_warps = gemv_config or default
+    while (k // 256) % block_b:
+        block_b //= 2
+    xq, xd, xs = quantize_q8(x)
+    grid = (m, triton.cdiv(n, block_n))
+    split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
+    kernel[(*grid, split.splits)](
+        *((xq, xd, xs) if takes_sums else (xq, xd)), data, out, split.work, split.counts,
+        out if experts is None else experts, 0 if experts is None else data.stride(0), m, n, k,
+        data.stride(-2) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
+        BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, EXPERTS=experts is not None, X_ROW_DIV=x_row_div,
+        num_warps=warps)
+
+
+def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
+    """Whether gguf_expert_gemv runs experts `data` [experts, N, row bytes] of `qtype`."""
+    return data.is_cuda and data.is_contiguous() and _int8_gemv(qtype, data.view(-1, data.shape[-1])) is not None
+
+
+def gguf_expert_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
+                     experts: torch.Tensor, x_row_div: int) -> torch.Tensor:
+    """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `data` [E, N, row bytes] of `qtype` over
+    k columns, where runs_expert_gemv(data, qtype)."""
+    out = torch.empty(experts.numel(), data.shape[1], dtype=x.dtype, device=x.device)
+    if out.shape[0]:
+        _launch_int8_gemv(x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, None)
+    return out
+
+
 def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
     """(kernel, default config, bytes of its unit of row stride, whether it takes x's run sums) of the int8 GEMV
     that runs `data`, or None."""
@@ -417,19 +470,8 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
             SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
             num_warps=warps, num_stages=stages)
         return out.reshape(*x.shape[:-1], n)
-    int8_gemv = _int8_gemv(qtype, data)
-    if int8_gemv is not None:
-        kernel, default, row_unit, takes_sums = int8_gemv
-        block_n, block_b, warps, split_warps = gemv_config or default
-        while (k // 256) % block_b:
-            block_b //= 2
-        xq, xd, xs = quantize_q8(x2)
-        grid = (m, triton.cdiv(n, block_n))
-        split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
-        kernel[(*grid, split.splits)](
-            *((xq, xd, xs) if takes_sums else (xq, xd)), data, out, split.work, split.counts, m, n, k,
-            data.stride(0) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
-            BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, num_warps=warps)
+    if _int8_gemv(qtype, data) is not None:
+        _launch_int8_gemv(x2, data, qtype, out, None, 1, gemv_config, split_k)
         return out.reshape(*x.shape[:-1], n)
     block_n = 32 if block_size == 256 else 64
     _gguf_gemv_kernel[(m, triton.cdiv(n, block_n))](

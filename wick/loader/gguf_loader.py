@@ -263,7 +263,8 @@ def _packed(tensor: ReaderTensor) -> GGUFWeight:
 def iter_gguf_weights(path: str | os.PathLike[str],
                       packed: bool = False) -> Iterator[tuple[str, torch.Tensor | GGUFWeight]]:
     """Yield (HF name, tensor) for each tensor of a GGUF file: float32, dequantized one by one, or
-    with `packed` every matrix as a GGUFWeight (its blocks as stored) and the vectors as float32.
+    with `packed` every matrix (each expert's too) as a GGUFWeight (its blocks as stored) and the vectors as
+    float32.
 
     lm_head.weight appears only when the file has its own output matrix; otherwise the config
     says tie_word_embeddings.
@@ -276,9 +277,17 @@ def iter_gguf_weights(path: str | os.PathLike[str],
     for tensor in reader.tensors:
         expert = _LAYER_TENSOR.fullmatch(tensor.name)
         if expert is not None and expert[2] in _EXPERT_NAMES:
+            prefix, kind = f"model.layers.{expert[1]}.mlp.experts", _EXPERT_NAMES[expert[2]]
+            if packed:
+                experts, rows, columns = _torch_shape(tensor)
+                stacked = GGUFWeight(as_bytes(tensor.data).reshape(experts * rows, -1), tensor.tensor_type,
+                                     (experts * rows, columns))
+                for e in range(experts):
+                    yield f"{prefix}.{e}.{kind}.weight", stacked.rows(e * rows, rows)
+                continue
             stacked = dequantize(tensor.data, tensor.tensor_type, _torch_shape(tensor))
             for e in range(stacked.shape[0]):
-                yield f"model.layers.{expert[1]}.mlp.experts.{e}.{_EXPERT_NAMES[expert[2]]}.weight", stacked[e]
+                yield f"{prefix}.{e}.{kind}.weight", stacked[e]
             continue
         name = _hf_name(tensor.name)
         if name is None:

@@ -36,15 +36,20 @@ def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_prog
         _load_checkpoint(model, source, packed, desc, show_progress)
         if source.kind == "gguf":
             close_gguf_readers()
+    process_weights_after_loading(model)
+    device = next(model.parameters()).device
+    name = quant_config.describe() if quant_config is not None else str(torch.get_default_dtype()).split(".")[-1]
+    logger.info("weights: %s, %.2f GiB on %s", name, weights_nbytes(model) / (1 << 30), device)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    """Each quantized layer's method repacks its loaded weights (and a packed LM head gets its CPU form)."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
         elif isinstance(module, ParallelLMHead):
             module.process_weights_after_loading()
-    device = next(model.parameters()).device
-    name = quant_config.describe() if quant_config is not None else str(torch.get_default_dtype()).split(".")[-1]
-    logger.info("weights: %s, %.2f GiB on %s", name, weights_nbytes(model) / (1 << 30), device)
 
 
 def _load_checkpoint(model: nn.Module, source: ModelSource, packed: bool, desc: str, show_progress: bool) -> None:

@@ -16,15 +16,18 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
+from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
-from wick.layers.quantization.gguf import as_dense
+from wick.layers.quantization.base import current_quantization
+from wick.layers.quantization.gguf import GGUFWeight, as_dense
 
 if TYPE_CHECKING:
     from wick.models.config import MoeSpec
 
 
 def fused_experts_ref(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: torch.Tensor | PackedExperts, topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """sum_k weight_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's chosen experts e = ids_k."""
     out = torch.zeros_like(x)
@@ -80,16 +83,25 @@ class FusedMoE(nn.Module):
         self.tp_size = tp_world_size()
         self.intermediate_size = divide(spec.intermediate_size, self.tp_size)
         e, i = spec.num_experts, self.intermediate_size
-        self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, hidden_size), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, i), requires_grad=False)
+        self.hidden_size = hidden_size
+        # A GGUF checkpoint's experts arrive packed: their buffers are made at the first expert's load.
+        config = current_quantization()
+        self.packed: dict[str, PackedExperts] | None = {} if config is not None and config.packs_gguf() else None
+        shapes = ((0,), (0,)) if self.packed is not None else ((e, 2 * i, hidden_size), (e, hidden_size, i))
+        self.w13_weight = nn.Parameter(torch.empty(shapes[0]), requires_grad=False)
+        self.w2_weight = nn.Parameter(torch.empty(shapes[1]), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[str, int | None]) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor | GGUFWeight,
+                      shard_id: tuple[str, int | None]) -> None:
         """shard_id (kind, expert): kind "gate", "up" or "down" of one expert's [out, in] matrix, or
         "gate_up" / "down" of all experts at once ([E, 2 * I, H] / [E, H, I], expert None)."""
         kind, expert = shard_id
         i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
+        if isinstance(loaded, GGUFWeight):
+            self._load_packed(param, loaded, kind, expert)
+            return
         target = param.data if expert is None else param.data[expert]
         if kind == "down":
             target.copy_(loaded.narrow(-1, start, i))
@@ -102,6 +114,25 @@ class FusedMoE(nn.Module):
             target.narrow(0, offset, i).copy_(loaded.narrow(0, start, i))
         else:
             raise ValueError(f"unknown expert shard {kind!r}")
+
+    def _load_packed(self, param: nn.Parameter, loaded: GGUFWeight, kind: str, expert: int | None) -> None:
+        if self.packed is None or expert is None or kind not in ("gate", "up", "down"):
+            raise ValueError(f"a packed GGUF expert tensor ({kind!r}) reached a layer that does not hold them")
+        i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
+        part = loaded.columns(start, i) if kind == "down" else loaded.rows(start, i)
+        name = "w2" if kind == "down" else "w13"
+        packed = self.packed.get(name)
+        if packed is None:
+            rows = self.hidden_size if kind == "down" else 2 * i
+            data = torch.empty(self.spec.num_experts, rows, part.data.shape[1], dtype=torch.uint8,
+                               device=param.device)
+            packed = self.packed[name] = PackedExperts(data, part.qtype, part.shape[1], torch.get_default_dtype())
+            param.data = data
+        if part.qtype != packed.qtype:
+            raise ValueError(f"experts of one layer in two GGUF types ({packed.qtype.name} and {part.qtype.name}) "
+                             "are not supported")
+        target = packed.data[expert] if kind == "down" else packed.data[expert].narrow(0, 0 if kind == "gate" else i, i)
+        target.copy_(part.data)
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 correction_bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,10 +147,13 @@ class FusedMoE(nn.Module):
             weights, ids = select_experts(
                 router_logits, spec.top_k, spec.renormalize, spec.scoring, spec.num_expert_group, spec.topk_group,
                 spec.group_score, correction_bias, spec.routed_scaling_factor)
-        if x.is_cuda:
+        w13, w2 = (self.packed["w13"], self.packed["w2"]) if self.packed else (self.w13_weight, self.w2_weight)
+        if x.is_cuda and self.packed:
+            out = fused_experts_gguf(x, w13, w2, weights, ids)
+        elif x.is_cuda:
             from wick.kernels.fused_moe import fused_experts
 
-            out = fused_experts(x, self.w13_weight, self.w2_weight, weights, ids)
+            out = fused_experts(x, w13, w2, weights, ids)
         else:
-            out = fused_experts_ref(x, self.w13_weight, self.w2_weight, weights, ids)
+            out = fused_experts_ref(x, w13, w2, weights, ids)
         return tp_all_reduce(out)
