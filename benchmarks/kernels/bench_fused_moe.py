@@ -114,25 +114,29 @@ def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, dtype: to
               for _ in range(args.layers)]
     expert_bytes = layers[0][0].data[0].numel() + layers[0][1].data[0].numel()
     print(f"experts packed in {qtype.name} ({expert_bytes / 1e6:.2f} MB an expert), {args.layers} layer(s) in turn")
-    print(f"tokens | bf16 us | {qtype.name} GEMVs us | {qtype.name} decoded + fused us | best vs bf16 | "
-          "GB/s of the packed bytes hit (best) | % of bandwidth")
+    paths = ("gemv", "tiles", "decoded")
+    print(f"tokens | bf16 us | {' us | '.join(f'{qtype.name} {path}' for path in paths)} us | as the layer picks, "
+          "us | vs bf16 | GB/s of the packed bytes hit | % of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
         routes = routings(tokens, e, k, args.rotate)
 
-        def run(gemv_max_pairs: int, routes: list = routes, x: torch.Tensor = x) -> None:
+        def run(path: str | None, routes: list = routes, x: torch.Tensor = x) -> None:
             for r, (weights, ids) in enumerate(routes):
-                fused_experts_gguf(x, *layers[r % len(layers)], weights, ids, gemv_max_pairs)
+                fused_experts_gguf(x, *layers[r % len(layers)], weights, ids, path)
 
         times = []
-        for gemv_max_pairs in (1 << 62, 0):
-            run(gemv_max_pairs)
-            times.append(do_bench_cudagraph(partial(run, gemv_max_pairs)) / len(routes))
+        for path in (*paths, None):
+            if path == "tiles" and qtype != GGMLQuantizationType.Q4_K:
+                times.append(float("nan"))
+                continue
+            run(path)
+            times.append(do_bench_cudagraph(partial(run, path)) / len(routes))
         bf16_ms = time_ms(x, w13, w2, routes, None)
-        best = min(times)
-        read = routes[0][1].unique().numel() * expert_bytes / (best / 1e3)
-        print(f"{tokens} | {bf16_ms * 1e3:.1f} | {times[0] * 1e3:.1f} | {times[1] * 1e3:.1f} | {bf16_ms / best:.2f}x | "
-              f"{read / 1e9:.0f} | {read / bandwidth:.0%}")
+        picked = times[-1]
+        read = routes[0][1].unique().numel() * expert_bytes / (picked / 1e3)
+        print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
+              f"{bf16_ms / picked:.2f}x | {read / 1e9:.0f} | {read / bandwidth:.0%}")
 
 
 def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -203,13 +203,10 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
     (high nibble, sub-block 2j + 1): four consecutive elements of x, one int32 word of its int8 codes, so
     each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once.
     Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py).
-    EXPERTS and X_ROW_DIV as in _expert_rows."""
-    w_ptr, x_row = _expert_rows(w_ptr, experts_ptr, expert_bytes, EXPERTS, X_ROW_DIV)
+    EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
     words = w_ptr.to(tl.pointer_type(tl.int32))
-    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4)
-    runs = x_row * (K // 32)
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rows < N
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
     j = tl.arange(0, 4)
     i = tl.arange(0, 8)
@@ -244,16 +241,26 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
 
 
 @triton.jit(do_not_specialize=["M"])
-def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, stride_xm, row_words, stride_om,
-                      SPLIT_PAIRS, SPLITS, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAIRS: tl.constexpr,
-                      SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, experts_ptr, padded_ptr, expert_bytes,
+                      M, N, K, stride_xm, row_words, stride_om, SPLIT_PAIRS, SPLITS,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAIRS: tl.constexpr, SPLIT: tl.constexpr,
+                      DOT_PRECISION: tl.constexpr, SORTED: tl.constexpr, X_ROW_DIV: tl.constexpr):
     """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for Q4_K W, PAIRS pairs of sub-blocks (64 columns) a step:
     byte 32p + l of a block's codes holds element 64p + l in its low nibble and 64p + 32 + l in its high one.
     The step's codes are read as [BLOCK_N, PAIRS, 2, 32] (each byte twice, once a nibble) so that the decoded
     tile is in column order and x^T is read contiguously. W is the wide operand, the few rows of x the narrow
-    one. Where SPLIT, program (.., .., s) takes SPLIT_PAIRS pairs from pair s * SPLIT_PAIRS (gemv_split.py)."""
+    one. Where SPLIT, program (.., .., s) takes SPLIT_PAIRS pairs from pair s * SPLIT_PAIRS (gemv_split.py).
+    SORTED: the output rows are M (token, expert) pairs, tile i's the sorted pairs sorted_ptr[i * BLOCK_M + ...]
+    of expert experts_ptr[i] (moe_align's layout, M for padding; tiles from padded_ptr[0] / BLOCK_M on have none),
+    W that expert's (expert_bytes apart) and x's row a pair's token (pair // X_ROW_DIV)."""
+    if SORTED:
+        if tl.program_id(0) * BLOCK_M >= tl.load(padded_ptr):
+            return
+        rows = tl.load(sorted_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        w_ptr += tl.load(experts_ptr + tl.program_id(0)).to(tl.int64) * expert_bytes
+    else:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     words = w_ptr.to(tl.pointer_type(tl.int32))
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     m_mask = rows < M
@@ -263,7 +270,7 @@ def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, stri
     half = tl.arange(0, 2)[None, None, :]
     lane = tl.arange(0, 32)[None, None, None, :]
     ks = tl.arange(0, 64 * PAIRS)
-    x_rows = x_ptr + rows.to(tl.int64)[None, :] * stride_xm
+    x_rows = x_ptr + (tl.where(m_mask, rows, 0) // X_ROW_DIV).to(tl.int64)[None, :] * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     p_begin = tl.program_id(2) * SPLIT_PAIRS
     for p0 in range(p_begin, tl.minimum(K // 64, p_begin + SPLIT_PAIRS), PAIRS):
@@ -290,13 +297,19 @@ def _q4_k_tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, stri
 
 
 @triton.jit
-def _expert_rows(w_ptr, experts_ptr, expert_bytes, EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """W and the row of x of output row program_id(0): where EXPERTS, the output rows are (token, expert) pairs,
-    W the pair's expert (experts_ptr[pair], expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV)."""
+def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.constexpr, EXPERTS: tl.constexpr,
+               X_ROW_DIV: tl.constexpr):
+    """What an int8 GEMV program works on: W, its row of x's codes as int32 words, the index of that row's first
+    run of 32, and its BLOCK_N rows of W with their mask. Output row program_id(0) takes x's row of the same
+    index; where EXPERTS the output rows are (token, expert) pairs instead, W the pair's expert (experts_ptr[pair],
+    expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV)."""
     pair = tl.program_id(0).to(tl.int64)
     if EXPERTS:
         w_ptr += tl.load(experts_ptr + pair).to(tl.int64) * expert_bytes
-    return w_ptr, pair // X_ROW_DIV
+    x_row = pair // X_ROW_DIV
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return (w_ptr, xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4), x_row * (K // 32), rows,
+            rows < N)
 
 
 @triton.jit
@@ -311,13 +324,10 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
     [row, h, p2, p1, g, w] with i = 4g + w, so each ql word is read once for both its nibbles and a scale group
     of 16 elements is one (g) of them. The codes are unsigned (q + 32): a group's dot takes 32 times its sum of
     x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and
-    X_ROW_DIV as in _expert_rows."""
-    w_ptr, x_row = _expert_rows(w_ptr, experts_ptr, expert_bytes, EXPERTS, X_ROW_DIV)
+    X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
-    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4)
-    runs = x_row * (K // 32)
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_mask = rows < N
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None, None]
     two = tl.arange(0, 2)
     h = two[None, :, None, None, None, None]
@@ -401,6 +411,34 @@ def _launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizati
         num_warps=warps)
 
 
+def expert_tile_rows(num_pairs: int, num_experts: int) -> int:
+    """The row tile of gguf_expert_matmul for num_pairs (token, expert) pairs over num_experts experts (moe_align's
+    block_m): the tile of Q4_K_TILE_CONFIGS for the pairs an expert gets on average, at most 128."""
+    return next(c for rows, c in Q4_K_TILE_CONFIGS if min(128, -(-num_pairs // num_experts)) <= rows)[0]
+
+
+def gguf_expert_matmul(x: torch.Tensor, data: torch.Tensor, k: int, sorted_ids: torch.Tensor,
+                       block_expert: torch.Tensor, num_padded: torch.Tensor, num_pairs: int, x_row_div: int,
+                       split_k: int | None = None) -> torch.Tensor:
+    """out [num_pairs, N]: row p = x[p // x_row_div] @ W_e^T for Q4_K experts `data` [E, N, row bytes] over k
+    columns, each pair p in the tiles of moe_align(ids, E, expert_tile_rows(num_pairs, E)) (e = its expert).
+    split_k: the splits of K, for tests; None picks them."""
+    experts, n, _ = data.shape
+    block_m = expert_tile_rows(num_pairs, experts)
+    _, block_n, pairs, warps, stages = next(c for rows, c in Q4_K_TILE_CONFIGS if block_m <= rows)
+    x2 = x.reshape(-1, k).contiguous()
+    out = torch.empty(num_pairs, n, dtype=x.dtype, device=x.device)
+    grid = (block_expert.shape[0], triton.cdiv(n, block_n))
+    split = SplitK(k // 64 // pairs, grid[0] * grid[1], warps, Q4_K_TILE_SPLIT_WARPS, out, split_k)
+    _q4_k_tile_kernel[(*grid, split.splits)](
+        x2, data, out, split.work, split.counts, sorted_ids, block_expert, num_padded, data.stride(0), num_pairs, n,
+        k, x2.stride(0), data.stride(1) // 4, out.stride(0), split.steps * pairs, split.splits, BLOCK_M=block_m,
+        BLOCK_N=block_n, PAIRS=pairs, SPLIT=split.splits > 1,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SORTED=True, X_ROW_DIV=x_row_div,
+        num_warps=warps, num_stages=stages)
+    return out
+
+
 def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
     """Whether gguf_expert_gemv runs experts `data` [experts, N, row bytes] of `qtype`."""
     return data.is_cuda and data.is_contiguous() and _int8_gemv(qtype, data.view(-1, data.shape[-1])) is not None
@@ -465,10 +503,10 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         split = SplitK(k // 64 // pairs, grid[0] * grid[1], warps, Q4_K_TILE_SPLIT_WARPS, out, split_k)
         _q4_k_tile_kernel[(*grid, split.splits)](
-            x2, data, out, split.work, split.counts, m, n, k, x2.stride(0), data.stride(0) // 4, out.stride(0),
-            split.steps * pairs, split.splits, BLOCK_M=block_m, BLOCK_N=block_n, PAIRS=pairs,
-            SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-            num_warps=warps, num_stages=stages)
+            x2, data, out, split.work, split.counts, out, out, out, 0, m, n, k, x2.stride(0), data.stride(0) // 4,
+            out.stride(0), split.steps * pairs, split.splits, BLOCK_M=block_m, BLOCK_N=block_n, PAIRS=pairs,
+            SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", SORTED=False,
+            X_ROW_DIV=1, num_warps=warps, num_stages=stages)
         return out.reshape(*x.shape[:-1], n)
     if _int8_gemv(qtype, data) is not None:
         _launch_int8_gemv(x2, data, qtype, out, None, 1, gemv_config, split_k)

@@ -10,8 +10,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from wick.layers.moe.fused_moe import FusedMoE
-from wick.layers.moe.gguf_experts import EXPERT_GEMV_MAX_PAIRS
+from wick.layers.moe.fused_moe import FusedMoE, fused_experts_ref
+from wick.layers.moe.gguf_experts import EXPERT_GEMV_MAX_PAIRS, fused_experts_gguf
+from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig
 from wick.models.config import MoeSpec
@@ -65,12 +66,17 @@ def test_experts_of_two_types_in_one_tensor_are_refused() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tokens", [1, 3, EXPERT_GEMV_MAX_PAIRS // SPEC.top_k + 5])
-def test_gpu_packed_experts(tokens: int) -> None:
-    packed, dense = _pair(T.Q4_K, T.Q6_K, "cuda")
+@pytest.mark.parametrize(("down_type", "tokens", "path"), [
+    (T.Q6_K, 1, None), (T.Q6_K, 3, "gemv"), (T.Q4_K, 3, "tiles"), (T.Q4_K, 70, None), (T.Q6_K, 70, None),
+    (T.Q4_K, 300, None), (T.Q6_K, 300, None)])
+def test_gpu_packed_experts(down_type: GGMLQuantizationType, tokens: int, path: str | None) -> None:
+    packed, dense = _pair(T.Q4_K, down_type, "cuda")
     x = torch.randn(tokens, HIDDEN, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     logits = torch.randn(tokens, SPEC.num_experts, device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    expected = dense(x, logits)
-    # a few pairs meet x rounded to int8 in runs of 32, as llama.cpp's experts do
-    tolerance = 2e-2 if tokens * SPEC.top_k <= EXPERT_GEMV_MAX_PAIRS else 1e-4
-    torch.testing.assert_close(packed(x, logits), expected, atol=tolerance * expected.abs().max().item(), rtol=0)
+    weights, ids = select_experts(logits, SPEC.top_k, SPEC.renormalize)
+    expected = fused_experts_ref(x, dense.w13_weight, dense.w2_weight, weights, ids)
+    out = fused_experts_gguf(x, packed.packed["w13"], packed.packed["w2"], weights, ids, path)
+    gemv = path == "gemv" or (path is None and tokens * SPEC.top_k <= EXPERT_GEMV_MAX_PAIRS)
+    # the GEMVs meet x rounded to int8 in runs of 32, as llama.cpp's experts do
+    tolerance = 2e-2 if gemv else 1e-4
+    torch.testing.assert_close(out, expected, atol=tolerance * expected.abs().max().item(), rtol=0)

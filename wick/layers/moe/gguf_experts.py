@@ -2,8 +2,9 @@
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
 one GGUF type, about the file's size instead of bf16's. On a GPU, up to EXPERT_GEMV_MAX_PAIRS (token, expert)
-pairs (decode) run the int8 GEMVs of Q4_K and Q6_K, each pair's expert chosen inside the kernel; more pairs, or
-other types, decode the layer's experts whole for the fused kernel. On the CPU the reference decodes each expert
+pairs (decode) run the int8 GEMVs of Q4_K and Q6_K, each pair's expert chosen inside the kernel; more pairs run
+the Q4_K tile kernel over the pairs sorted by expert (each expert's blocks read once a tile of its pairs), and
+other types decode the layer's experts whole for the fused kernel. On the CPU the reference decodes each expert
 a token chose as it meets it.
 """
 
@@ -16,10 +17,10 @@ from gguf import GGMLQuantizationType
 
 from wick.loader.gguf_dequant import dequantize
 
-# (token, expert) pairs up to which the GEMVs run (each pair reads its expert); past them the layer's experts are
-# decoded whole and each is read once by the fused kernel. On an H100 the GEMVs took 550 against 1,019 us at 512
-# pairs of Qwen3-30B-A3B's experts and 1,082 against 1,027 at 1,024 (benchmarks/kernels/bench_fused_moe.py).
-EXPERT_GEMV_MAX_PAIRS = 512
+# (token, expert) pairs up to which the GEMVs run (each pair reads its expert); past them the tile kernel reads
+# each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
+# pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
+EXPERT_GEMV_MAX_PAIRS = 128
 
 
 @dataclass
@@ -52,19 +53,29 @@ class PackedExperts:
 
 
 def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
-                       topk_ids: torch.Tensor, gemv_max_pairs: int = EXPERT_GEMV_MAX_PAIRS) -> torch.Tensor:
-    """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU; gemv_max_pairs: the most pairs the
-    GEMVs take (for benchmarks)."""
+                       topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
+    """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path: "gemv", "tiles" or
+    "decoded" (for benchmarks); None picks the first that runs the experts' types of: the GEMVs up to
+    EXPERT_GEMV_MAX_PAIRS pairs, the Q4_K tile kernel over the pairs sorted by expert, the experts decoded."""
     from wick.kernels.activation import silu_and_mul
-    from wick.kernels.fused_moe import fused_experts
-    from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
+    from wick.kernels.fused_moe import fused_experts, moe_align
+    from wick.kernels.gguf_matmul import expert_tile_rows, gguf_expert_gemv, gguf_expert_matmul, runs_expert_gemv
 
     tokens, top_k = topk_ids.shape
-    if tokens * top_k <= gemv_max_pairs and runs_expert_gemv(w13.data, w13.qtype) \
-            and runs_expert_gemv(w2.data, w2.qtype):
+    num_pairs = tokens * top_k
+    gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
+    tiles = gemv and w13.qtype == w2.qtype == GGMLQuantizationType.Q4_K
+    if path is None:
+        path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
+    if path == "decoded":
+        return fused_experts(x, w13.dequantize_all(), w2.dequantize_all(), topk_weights, topk_ids)
+    if path == "gemv":
         ids = topk_ids.flatten()
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
         down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
-        weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
-        return weighted.sum(1).to(x.dtype)
-    return fused_experts(x, w13.dequantize_all(), w2.dequantize_all(), topk_weights, topk_ids)
+    else:
+        layout = moe_align(topk_ids, w13.shape[0], expert_tile_rows(num_pairs, w13.shape[0]))
+        gate_up = gguf_expert_matmul(x, w13.data, w13.columns, *layout, num_pairs, top_k)
+        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.columns, *layout, num_pairs, 1)
+    weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
+    return weighted.sum(1).to(x.dtype)
