@@ -93,7 +93,7 @@ def test_expert_tile_kernel_over_sorted_pairs(tokens: int, split_k: int) -> None
     data = torch.stack([w.data for w in weights]).to(DEVICE)
     ids = torch.randint(0, experts, (tokens, top_k), generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
     x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(10)).to(DEVICE)
-    layout = moe_align(ids, experts, expert_tile_rows(tokens * top_k, experts))
+    layout = moe_align(ids, experts, expert_tile_rows(tokens * top_k, experts, x.dtype))
     out = gguf_expert_matmul(x, data, k, *layout, tokens * top_k, top_k, split_k=split_k)
     dense = [dequantize(w.data, GGMLQuantizationType.Q4_K, (n, k)).to(DEVICE) for w in weights]
     expected = torch.stack([x[p // top_k] @ dense[e].t() for p, e in enumerate(ids.flatten().tolist())])
@@ -127,6 +127,19 @@ def test_half_precision(qtype: GGMLQuantizationType) -> None:
 @pytest.mark.parametrize("rows", [1, 4, 20, 64, 200, 300])
 def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
     _check(qtype, rows, 1000, 4096, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("rows", [20, 64, 128, 200])
+def test_gpu_q4_k_tile_kernel_bf16(rows: int) -> None:
+    n, k = 300, 1024
+    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=14)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(11)).to(DEVICE, torch.bfloat16)
+    expected = x.float() @ dequantize(weight.data, GGMLQuantizationType.Q4_K, (n, k)).t().to(DEVICE)
+    out = gguf_matmul(x, weight.data.to(DEVICE), GGMLQuantizationType.Q4_K, (n, k), tile_max_rows=Q4_K_TILE_MAX_ROWS)
+    torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[torch.bfloat16] * expected.abs().max().item(),
+                               rtol=0)
 
 
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)

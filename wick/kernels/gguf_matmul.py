@@ -411,21 +411,30 @@ def _launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizati
         num_warps=warps)
 
 
-def expert_tile_rows(num_pairs: int, num_experts: int) -> int:
-    """The row tile of gguf_expert_matmul for num_pairs (token, expert) pairs over num_experts experts (moe_align's
-    block_m): the tile of Q4_K_TILE_CONFIGS for the pairs an expert gets on average, at most 128."""
-    return next(c for rows, c in Q4_K_TILE_CONFIGS if min(128, -(-num_pairs // num_experts)) <= rows)[0]
+def _q4_k_tile_config(rows: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The tile of Q4_K_TILE_CONFIGS for `rows` rows of x; float32 x takes at most 32 rows a tile (its tiles of x
+    take twice the shared memory: 256 rows needed 305 KB on an H100, which has 227)."""
+    block_m, block_n, pairs, warps, stages = next(c for bound, c in Q4_K_TILE_CONFIGS if rows <= bound)
+    if dtype == torch.float32:
+        block_m = min(block_m, 32)
+    return block_m, block_n, pairs, warps, stages
+
+
+def expert_tile_rows(num_pairs: int, num_experts: int, dtype: torch.dtype) -> int:
+    """The row tile of gguf_expert_matmul for num_pairs (token, expert) pairs over num_experts experts and x of
+    `dtype` (moe_align's block_m): the tile for the pairs an expert gets on average, at most 128."""
+    return _q4_k_tile_config(min(128, -(-num_pairs // num_experts)), dtype)[0]
 
 
 def gguf_expert_matmul(x: torch.Tensor, data: torch.Tensor, k: int, sorted_ids: torch.Tensor,
                        block_expert: torch.Tensor, num_padded: torch.Tensor, num_pairs: int, x_row_div: int,
                        split_k: int | None = None) -> torch.Tensor:
     """out [num_pairs, N]: row p = x[p // x_row_div] @ W_e^T for Q4_K experts `data` [E, N, row bytes] over k
-    columns, each pair p in the tiles of moe_align(ids, E, expert_tile_rows(num_pairs, E)) (e = its expert).
+    columns, each pair p in the tiles of moe_align(ids, E, expert_tile_rows(num_pairs, E, x.dtype)) (e = its
+    expert).
     split_k: the splits of K, for tests; None picks them."""
     experts, n, _ = data.shape
-    block_m = expert_tile_rows(num_pairs, experts)
-    _, block_n, pairs, warps, stages = next(c for rows, c in Q4_K_TILE_CONFIGS if block_m <= rows)
+    block_m, block_n, pairs, warps, stages = _q4_k_tile_config(min(128, -(-num_pairs // experts)), x.dtype)
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(num_pairs, n, dtype=x.dtype, device=x.device)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
@@ -498,8 +507,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
     if m > GEMV_MAX_ROWS:
-        block_m, block_n, pairs, warps, stages = tile_config or next(
-            c for rows, c in Q4_K_TILE_CONFIGS if m <= rows)
+        block_m, block_n, pairs, warps, stages = tile_config or _q4_k_tile_config(m, x.dtype)
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         split = SplitK(k // 64 // pairs, grid[0] * grid[1], warps, Q4_K_TILE_SPLIT_WARPS, out, split_k)
         _q4_k_tile_kernel[(*grid, split.splits)](

@@ -74,7 +74,7 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
         down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
     else:
-        layout = moe_align(topk_ids, w13.shape[0], expert_tile_rows(num_pairs, w13.shape[0]))
+        layout = moe_align(topk_ids, w13.shape[0], expert_tile_rows(num_pairs, w13.shape[0], x.dtype))
         gate_up = gguf_expert_matmul(x, w13.data, w13.columns, *layout, num_pairs, top_k)
         down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.columns, *layout, num_pairs, 1)
     weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
