@@ -93,8 +93,9 @@ def test_expert_tile_kernel_over_sorted_pairs(tokens: int, split_k: int) -> None
     data = torch.stack([w.data for w in weights]).to(DEVICE)
     ids = torch.randint(0, experts, (tokens, top_k), generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
     x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(10)).to(DEVICE)
-    layout = moe_align(ids, experts, expert_tile_rows(tokens * top_k, experts, x.dtype))
-    out = gguf_expert_matmul(x, data, k, *layout, tokens * top_k, top_k, split_k=split_k)
+    block_m = expert_tile_rows(tokens * top_k, experts, x.dtype)
+    out = gguf_expert_matmul(x, data, k, *moe_align(ids, experts, block_m), block_m, tokens * top_k, top_k,
+                             split_k=split_k)
     dense = [dequantize(w.data, GGMLQuantizationType.Q4_K, (n, k)).to(DEVICE) for w in weights]
     expected = torch.stack([x[p // top_k] @ dense[e].t() for p, e in enumerate(ids.flatten().tolist())])
     torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
@@ -124,7 +125,7 @@ def test_half_precision(qtype: GGMLQuantizationType) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
-@pytest.mark.parametrize("rows", [1, 4, 20, 64, 200, 300])
+@pytest.mark.parametrize("rows", [1, 4, 64, 300])
 def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
     _check(qtype, rows, 1000, 4096, torch.bfloat16)
 

@@ -1,7 +1,7 @@
 """GGUF files with experts (llama.cpp's layout: each layer's experts stacked in ffn_{gate,up,down}_exps,
 the router in ffn_gate_inp, Qwen2-MoE's shared expert in *_shexp) load into the same model as the
 HF checkpoint they were written from: qwen3moe, qwen2moe, and llama with experts (Mixtral); as the engine
-loads them (matrices packed), the routers are the same floats and the experts stay packed."""
+loads them (matrices packed), the routers are the same floats; Q4_K experts stay packed."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from wick.layers.moe.fused_moe import FusedMoE
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig
+from wick.layers.quantization.gguf_quantize import quantize
 from wick.loader.gguf_loader import iter_gguf_weights, load_gguf_config
 from wick.loader.presets import config_from_dict
 from wick.loader.weights import process_weights_after_loading
@@ -67,7 +68,8 @@ def _gguf_tensors(model: PreTrainedModel, arch: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def _write(path: Path, model: PreTrainedModel, arch: str) -> None:
+def _write(path: Path, model: PreTrainedModel, arch: str, experts: gguf.GGMLQuantizationType | None = None) -> None:
+    """The model as a GGUF file, every tensor in float32 but the experts' in `experts` (our quantizer) if given."""
     cfg = model.config
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(cfg.num_hidden_layers)
@@ -86,6 +88,10 @@ def _write(path: Path, model: PreTrainedModel, arch: str) -> None:
     if arch == "qwen2moe":
         writer.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
     for name, tensor in _gguf_tensors(model, arch).items():
+        if experts is not None and "_exps." in name:
+            blocks = quantize(tensor.reshape(-1, tensor.shape[-1]), experts).reshape(*tensor.shape[:-1], -1)
+            writer.add_tensor(name, blocks.numpy(), raw_dtype=experts)
+            continue
         writer.add_tensor(name, tensor.contiguous().numpy().astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -135,17 +141,32 @@ def test_experts_load_as_from_the_hf_checkpoint(arch: str, tmp_path: Path) -> No
     dense = dict(from_gguf.named_parameters())
     for name in routers:
         assert torch.equal(dict(packed.named_parameters())[name], dense[name]), name
-    # the experts stay in their blocks and decode to the dense model's
-    layers = [(mine, theirs) for mine, theirs in zip(packed.modules(), from_gguf.modules(), strict=True)
-              if isinstance(mine, FusedMoE)]
-    assert layers
-    for mine, theirs in layers:
-        assert mine.w13_weight.dtype == mine.w2_weight.dtype == torch.uint8
-        assert torch.equal(mine.packed["w13"].dequantize_all(), theirs.w13_weight)
-        assert torch.equal(mine.packed["w2"].dequantize_all(), theirs.w2_weight)
-    # and the packed model decodes through the paged KV cache as the one loaded from the HF checkpoint
+    # float32 experts load as floats, as the checkpoint's
+    for name, param in packed.named_parameters():
+        if ".experts." in name:
+            assert torch.equal(param, dense[name]), name
+
+
+def test_q4_k_experts_stay_packed_and_decode_as_their_floats(tmp_path: Path) -> None:
+    """A qwen3moe file with Q4_K experts: loaded packed, the experts keep their blocks, and the model decodes
+    through the paged KV cache as the same file's experts decoded to floats at load do."""
+    torch.manual_seed(0)
+    sizes = dict(_SIZES, hidden_size=256, head_dim=64, num_experts=4, moe_intermediate_size=256,
+                 norm_topk_prob=True)
+    hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_moe", **sizes), dtype=torch.float32)
+    path = tmp_path / "tiny-qwen3moe-q4_k.gguf"
+    _write(path, hf, "qwen3moe", experts=gguf.GGMLQuantizationType.Q4_K)
+    config = config_from_dict(load_gguf_config(path))
+    floats = get_model_class(config.architectures)(config)
+    floats.load_weights(iter_gguf_weights(str(path)))
+    with quantization_scope(GGUFConfig()):
+        packed = get_model_class(config.architectures)(config)
+    packed.load_weights(iter_gguf_weights(str(path), packed=True))
+    process_weights_after_loading(packed)
+    layers = [m for m in packed.modules() if isinstance(m, FusedMoE)]
+    assert layers and all(set(m.packed) == {"w13", "w2"} and m.w13_weight.dtype == torch.uint8 for m in layers)
     prompts = [[5, 17, 3, 60, 2], [9, 9, 41]]
     for (tokens, logits), (expected_tokens, expected) in zip(PagedRunner(packed).generate(prompts, 8),
-                                                             PagedRunner(from_hf).generate(prompts, 8), strict=True):
+                                                             PagedRunner(floats).generate(prompts, 8), strict=True):
         assert tokens == expected_tokens
         torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)

@@ -427,14 +427,15 @@ def expert_tile_rows(num_pairs: int, num_experts: int, dtype: torch.dtype) -> in
 
 
 def gguf_expert_matmul(x: torch.Tensor, data: torch.Tensor, k: int, sorted_ids: torch.Tensor,
-                       block_expert: torch.Tensor, num_padded: torch.Tensor, num_pairs: int, x_row_div: int,
-                       split_k: int | None = None) -> torch.Tensor:
+                       block_expert: torch.Tensor, num_padded: torch.Tensor, block_m: int, num_pairs: int,
+                       x_row_div: int, split_k: int | None = None) -> torch.Tensor:
     """out [num_pairs, N]: row p = x[p // x_row_div] @ W_e^T for Q4_K experts `data` [E, N, row bytes] over k
-    columns, each pair p in the tiles of moe_align(ids, E, expert_tile_rows(num_pairs, E, x.dtype)) (e = its
-    expert).
-    split_k: the splits of K, for tests; None picks them."""
-    experts, n, _ = data.shape
-    block_m, block_n, pairs, warps, stages = _q4_k_tile_config(min(128, -(-num_pairs // experts)), x.dtype)
+    columns, each pair p in the tiles of moe_align(ids, E, block_m) (e = its expert); block_m from
+    expert_tile_rows. split_k: the splits of K, for tests; None picks them."""
+    if sorted_ids.numel() != block_expert.numel() * block_m:
+        raise ValueError(f"the sorted pairs are not in tiles of {block_m} rows")
+    n = data.shape[1]
+    _, block_n, pairs, warps, stages = _q4_k_tile_config(block_m, x.dtype)
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(num_pairs, n, dtype=x.dtype, device=x.device)
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))

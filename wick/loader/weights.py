@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from wick.layers.moe.fused_moe import FusedMoE
 from wick.layers.quantization.base import QuantizationConfig
 from wick.layers.vocab_embedding import ParallelLMHead
 from wick.loader.dummy import initialize_dummy_weights
@@ -43,12 +44,13 @@ def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_prog
 
 
 def process_weights_after_loading(model: nn.Module) -> None:
-    """Each quantized layer's method repacks its loaded weights (and a packed LM head gets its CPU form)."""
+    """Each quantized layer's method repacks its loaded weights; a packed LM head gets its CPU form and an MoE
+    layer with one of its two expert tensors packed decodes it."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None:
             method.process_weights_after_loading(module)
-        elif isinstance(module, ParallelLMHead):
+        elif isinstance(module, (ParallelLMHead, FusedMoE)):
             module.process_weights_after_loading()
 
 

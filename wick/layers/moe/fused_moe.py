@@ -16,7 +16,7 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
-from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
+from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import current_quantization
 from wick.layers.quantization.gguf import GGUFWeight, as_dense
@@ -84,10 +84,13 @@ class FusedMoE(nn.Module):
         self.intermediate_size = divide(spec.intermediate_size, self.tp_size)
         e, i = spec.num_experts, self.intermediate_size
         self.hidden_size = hidden_size
-        # A GGUF checkpoint's experts arrive packed: their buffers are made at the first expert's load.
+        self.params_dtype = torch.get_default_dtype()
+        # A GGUF checkpoint's experts arrive packed: w13's and w2's buffers are made at their first expert's load,
+        # packed (in `packed`) where their type has kernels, else as floats.
         config = current_quantization()
-        self.packed: dict[str, PackedExperts] | None = {} if config is not None and config.packs_gguf() else None
-        shapes = ((0,), (0,)) if self.packed is not None else ((e, 2 * i, hidden_size), (e, hidden_size, i))
+        self.gguf = config is not None and config.packs_gguf()
+        self.packed: dict[str, PackedExperts] = {}
+        shapes = ((0,), (0,)) if self.gguf else ((e, 2 * i, hidden_size), (e, hidden_size, i))
         self.w13_weight = nn.Parameter(torch.empty(shapes[0]), requires_grad=False)
         self.w2_weight = nn.Parameter(torch.empty(shapes[1]), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
@@ -116,27 +119,42 @@ class FusedMoE(nn.Module):
             raise ValueError(f"unknown expert shard {kind!r}")
 
     def _load_packed(self, param: nn.Parameter, loaded: GGUFWeight, kind: str, expert: int | None) -> None:
-        if self.packed is None or expert is None or kind not in ("gate", "up", "down"):
+        if not self.gguf or expert is None or kind not in ("gate", "up", "down"):
             raise ValueError(f"a packed GGUF expert tensor ({kind!r}) reached a layer that does not hold them")
-        i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
-        part = loaded.columns(start, i) if kind == "down" else loaded.rows(start, i)
-        name = "w2" if kind == "down" else "w13"
+        e, i, start = self.spec.num_experts, self.intermediate_size, self.tp_rank * self.intermediate_size
+        name, rows, columns = ("w2", self.hidden_size, i) if kind == "down" else ("w13", 2 * i, self.hidden_size)
+        if param.numel() == 0:  # this tensor's first expert
+            # a rank's columns of a down projection must start and end on block boundaries to stay packed
+            aligned = kind != "down" or (start % loaded.block_size == 0 and i % loaded.block_size == 0)
+            if loaded.qtype in PACKED_EXPERT_TYPES and aligned:
+                row_bytes = (loaded.columns(start, i) if kind == "down" else loaded).data.shape[1]
+                param.data = torch.empty(e, rows, row_bytes, dtype=torch.uint8, device=param.device)
+                self.packed[name] = PackedExperts(param.data, loaded.qtype, columns, self.params_dtype)
+            else:
+                param.data = torch.empty(e, rows, columns, dtype=self.params_dtype, device=param.device)
         packed = self.packed.get(name)
         if packed is None:
-            rows = self.hidden_size if kind == "down" else 2 * i
-            data = torch.empty(self.spec.num_experts, rows, part.data.shape[1], dtype=torch.uint8,
-                               device=param.device)
-            packed = self.packed[name] = PackedExperts(data, part.qtype, part.shape[1], torch.get_default_dtype())
-            param.data = data
-        if part.qtype != packed.qtype:
-            raise ValueError(f"experts of one layer in two GGUF types ({packed.qtype.name} and {part.qtype.name}) "
+            self.weight_loader(param, loaded.dequantize(self.params_dtype), (kind, expert))
+            return
+        if loaded.qtype != packed.qtype:
+            raise ValueError(f"experts of one layer in two GGUF types ({packed.qtype.name} and {loaded.qtype.name}) "
                              "are not supported")
-        target = packed.data[expert] if kind == "down" else packed.data[expert].narrow(0, 0 if kind == "gate" else i, i)
-        target.copy_(part.data)
+        if kind == "down":
+            packed.data[expert].copy_(loaded.columns(start, i).data)
+        else:
+            packed.data[expert].narrow(0, 0 if kind == "gate" else i, i).copy_(loaded.rows(start, i).data)
+
+    def process_weights_after_loading(self) -> None:
+        """Where only one of w13 and w2 stayed packed, it is decoded too: the kernels take both packed or neither."""
+        if len(self.packed) == 1:
+            name, packed = self.packed.popitem()
+            getattr(self, f"{name}_weight").data = packed.dequantize_all()
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
                 correction_bias: torch.Tensor | None = None) -> torch.Tensor:
         spec = self.spec
+        if x.shape[0] == 0:
+            return torch.zeros_like(x)
         if x.is_cuda and (spec.num_expert_group or 1) == 1:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.topk_routing import topk_routing

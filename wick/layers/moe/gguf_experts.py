@@ -21,6 +21,10 @@ from wick.loader.gguf_dequant import dequantize
 # each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
 # pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
 EXPERT_GEMV_MAX_PAIRS = 128
+# The GGUF types whose experts stay packed: those the GEMVs (and for Q4_K the tile kernel) read. A file's experts
+# of other types load as floats, as a layer's whose down projection splits off block boundaries under tensor
+# parallelism.
+PACKED_EXPERT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})
 
 
 @dataclass
@@ -67,6 +71,8 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     tiles = gemv and w13.qtype == w2.qtype == GGMLQuantizationType.Q4_K
     if path is None:
         path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
+    if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
+        raise ValueError(f"experts in {w13.qtype.name} and {w2.qtype.name} have no {path} path")
     if path == "decoded":
         return fused_experts(x, w13.dequantize_all(), w2.dequantize_all(), topk_weights, topk_ids)
     if path == "gemv":
@@ -74,8 +80,9 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
         down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
     else:
-        layout = moe_align(topk_ids, w13.shape[0], expert_tile_rows(num_pairs, w13.shape[0], x.dtype))
-        gate_up = gguf_expert_matmul(x, w13.data, w13.columns, *layout, num_pairs, top_k)
-        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.columns, *layout, num_pairs, 1)
+        block_m = expert_tile_rows(num_pairs, w13.shape[0], x.dtype)
+        layout = moe_align(topk_ids, w13.shape[0], block_m)
+        gate_up = gguf_expert_matmul(x, w13.data, w13.columns, *layout, block_m, num_pairs, top_k)
+        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.columns, *layout, block_m, num_pairs, 1)
     weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
     return weighted.sum(1).to(x.dtype)
