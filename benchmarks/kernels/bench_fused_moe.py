@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--rotate", type=int, default=1, help="calls in a row over disjoint expert groups")
     parser.add_argument("--layers", type=int, default=1, help="layers of experts the calls take in turn")
     parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q6_K)")
+    parser.add_argument("--gguf-down", default=None, help="with --gguf: the down projections' type (default its)")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
@@ -92,7 +93,8 @@ def main() -> None:
         print(f"{tokens} | {ms * 1e3:.1f} | {ref * 1e3:.1f} | {flops / seconds / 1e12:.1f} | "
               f"{flops / seconds / peak:.0%} | {hit} | {read / seconds / 1e9:.0f} | {read / seconds / bandwidth:.0%}")
     if args.gguf:
-        time_packed(args, GGMLQuantizationType[args.gguf], dtype, bandwidth, w13, w2)
+        time_packed(args, GGMLQuantizationType[args.gguf], GGMLQuantizationType[args.gguf_down or args.gguf], dtype,
+                    bandwidth, w13, w2)
 
 
 def _random_packed(experts: int, rows: int, columns: int, qtype: GGMLQuantizationType,
@@ -106,14 +108,16 @@ def _random_packed(experts: int, rows: int, columns: int, qtype: GGMLQuantizatio
     return PackedExperts(data.view(experts, rows, -1), qtype, columns, dtype)
 
 
-def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, dtype: torch.dtype, bandwidth: float,
-                w13: torch.Tensor, w2: torch.Tensor) -> None:
-    """fused_experts_gguf over experts packed in `qtype` against the bf16 kernel, same routings, same layers."""
+def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, down_type: GGMLQuantizationType,
+                dtype: torch.dtype, bandwidth: float, w13: torch.Tensor, w2: torch.Tensor) -> None:
+    """fused_experts_gguf over experts packed in `qtype` (down projections in `down_type`) against the bf16 kernel,
+    same routings, same layers."""
     e, k, h, i = args.experts, args.top_k, args.hidden_size, args.intermediate_size
-    layers = [(_random_packed(e, 2 * i, h, qtype, dtype), _random_packed(e, h, i, qtype, dtype))
+    layers = [(_random_packed(e, 2 * i, h, qtype, dtype), _random_packed(e, h, i, down_type, dtype))
               for _ in range(args.layers)]
     expert_bytes = layers[0][0].data[0].numel() + layers[0][1].data[0].numel()
-    print(f"experts packed in {qtype.name} ({expert_bytes / 1e6:.2f} MB an expert), {args.layers} layer(s) in turn")
+    print(f"experts packed in {qtype.name}, down projections in {down_type.name} ({expert_bytes / 1e6:.2f} MB an "
+          f"expert), {args.layers} layer(s) in turn")
     paths = ("gemv", "tiles", "decoded")
     print(f"tokens | bf16 us | {' us | '.join(f'{qtype.name} {path}' for path in paths)} us | as the layer picks, "
           "us | vs bf16 | GB/s of the packed bytes hit | % of bandwidth")
@@ -127,7 +131,7 @@ def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, dtype: to
 
         times = []
         for path in (*paths, None):
-            if path == "tiles" and qtype != GGMLQuantizationType.Q4_K:
+            if path == "tiles" and qtype != GGMLQuantizationType.Q4_K:  # no tile kernel for gate/up
                 times.append(float("nan"))
                 continue
             run(path)

@@ -21,6 +21,9 @@ from wick.loader.gguf_dequant import dequantize
 # each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
 # pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
 EXPERT_GEMV_MAX_PAIRS = 128
+# Pairs up to which Q4_K gate/up experts with a Q6_K down projection run the tile kernel and the down GEMV; past
+# them the layer's experts are decoded. H100: 890 against 1,091 us at 1,024 pairs, 1,587 against 1,117 at 2,048.
+EXPERT_MIXED_MAX_PAIRS = 1024
 # The GGUF types whose experts stay packed: those the GEMVs (and for Q4_K the tile kernel) read. A file's experts
 # of other types load as floats, as a layer's whose down projection splits off block boundaries under tensor
 # parallelism.
@@ -58,9 +61,10 @@ class PackedExperts:
 
 def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
-    """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path: "gemv", "tiles" or
-    "decoded" (for benchmarks); None picks the first that runs the experts' types of: the GEMVs up to
-    EXPERT_GEMV_MAX_PAIRS pairs, the Q4_K tile kernel over the pairs sorted by expert, the experts decoded."""
+    """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
+    the first that runs): "gemv", the GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the Q4_K tile kernel
+    over the pairs sorted by expert for Q4_K gate/up, and for the down projection too where it is Q4_K, else
+    (Q6_K, as Q4_K_M files mix in) its GEMV up to EXPERT_MIXED_MAX_PAIRS pairs; "decoded", the experts decoded."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, moe_align
     from wick.kernels.gguf_matmul import expert_tile_rows, gguf_expert_gemv, gguf_expert_matmul, runs_expert_gemv
@@ -68,21 +72,25 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
     gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
-    tiles = gemv and w13.qtype == w2.qtype == GGMLQuantizationType.Q4_K
+    tiles = gemv and w13.qtype == GGMLQuantizationType.Q4_K
+    down_tiles = tiles and w2.qtype == GGMLQuantizationType.Q4_K
     if path is None:
-        path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
+        path = ("gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS
+                else "tiles" if down_tiles or (tiles and num_pairs <= EXPERT_MIXED_MAX_PAIRS) else "decoded")
     if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
         raise ValueError(f"experts in {w13.qtype.name} and {w2.qtype.name} have no {path} path")
     if path == "decoded":
         return fused_experts(x, w13.dequantize_all(), w2.dequantize_all(), topk_weights, topk_ids)
+    ids = topk_ids.flatten()
     if path == "gemv":
-        ids = topk_ids.flatten()
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
-        down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
     else:
         block_m = expert_tile_rows(num_pairs, w13.shape[0], x.dtype)
         layout = moe_align(topk_ids, w13.shape[0], block_m)
         gate_up = gguf_expert_matmul(x, w13.data, w13.columns, *layout, block_m, num_pairs, top_k)
+    if path == "tiles" and down_tiles:
         down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.columns, *layout, block_m, num_pairs, 1)
+    else:
+        down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
     weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
     return weighted.sum(1).to(x.dtype)
