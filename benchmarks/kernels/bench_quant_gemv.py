@@ -22,7 +22,8 @@ from triton.testing import do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
-from wick.kernels.gguf_matmul import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG, gguf_matmul
+from wick.kernels.gguf_int8_gemv import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG
+from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 
 # (name, N, K) of Llama-3.1-8B's linear layers as wick merges them.

@@ -9,18 +9,14 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from wick.kernels.fused_moe import moe_align
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
-    Q4_K_TILE_MAX_ROWS,
     TRITON_TYPES,
-    expert_tile_rows,
     gguf_dequantize,
-    gguf_expert_gemv,
-    gguf_expert_matmul,
     gguf_matmul,
 )
+from wick.kernels.gguf_q4_k_tiles import Q4_K_TILE_MAX_ROWS
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
 
@@ -70,36 +66,6 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
     exact = x @ w.t()
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
-
-
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
-def test_expert_gemv(qtype: GGMLQuantizationType) -> None:
-    experts, n, k, tokens, top_k = 3, 24, 512, 3, 2
-    weights = [random_gguf(qtype, n, k, seed=20 + e) for e in range(experts)]
-    data = torch.stack([w.data for w in weights]).to(DEVICE)
-    ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32, device=DEVICE)
-    x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    out = gguf_expert_gemv(x, data, qtype, k, ids, top_k)
-    x_seen = quantize_q8_ref(x)
-    expected = torch.stack([x_seen[p // top_k] @ dequantize(weights[e].data, qtype, (n, k)).to(DEVICE).t()
-                            for p, e in enumerate(ids.tolist())])
-    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
-
-
-@pytest.mark.parametrize(("tokens", "split_k"), [(5, 1), (40, 1), (5, 3)], ids=["few", "many", "split"])
-def test_expert_tile_kernel_over_sorted_pairs(tokens: int, split_k: int) -> None:
-    experts, n, k, top_k = 4, 40, 512, 2
-    weights = [random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=30 + e) for e in range(experts)]
-    data = torch.stack([w.data for w in weights]).to(DEVICE)
-    ids = torch.randint(0, experts, (tokens, top_k), generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
-    x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(10)).to(DEVICE)
-    block_m = expert_tile_rows(tokens * top_k, experts, x.dtype)
-    out = gguf_expert_matmul(x, data, k, *moe_align(ids, experts, block_m), block_m, tokens * top_k, top_k,
-                             split_k=split_k)
-    dense = [dequantize(w.data, GGMLQuantizationType.Q4_K, (n, k)).to(DEVICE) for w in weights]
-    expected = torch.stack([x[p // top_k] @ dense[e].t() for p, e in enumerate(ids.flatten().tolist())])
-    torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
-    assert not arrival_counts(torch.device(DEVICE)).any()
 
 
 @pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q6_K, 1)],

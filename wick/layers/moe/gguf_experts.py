@@ -67,7 +67,8 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     (Q6_K, as Q4_K_M files mix in) its GEMV up to EXPERT_MIXED_MAX_PAIRS pairs; "decoded", the experts decoded."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, moe_align
-    from wick.kernels.gguf_matmul import expert_tile_rows, gguf_expert_gemv, gguf_expert_matmul, runs_expert_gemv
+    from wick.kernels.gguf_int8_gemv import gguf_expert_gemv, runs_expert_gemv
+    from wick.kernels.gguf_q4_k_tiles import expert_tile_rows, gguf_expert_matmul
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k

@@ -1,0 +1,219 @@
+"""The int8 GEMVs of Q4_K and Q6_K weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
+wick/kernels/int8_activations.py) meets four weight codes at a time in dp4a, each sub-block's integer sum taking
+its scales once, since decoding each weight to a float cost more instructions than its bytes took to arrive.
+One program owns BLOCK_N rows of W for one row of x, K split among programs where the rows alone leave the SMs
+short (gemv_split.py). With experts, each output row is a (token, expert) pair and its expert is picked in the
+kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf import GGMLQuantizationType
+
+from wick.kernels.gemv_split import SplitK, store_split_output
+from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
+
+T = GGMLQuantizationType
+# Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
+# of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
+Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
+# The same for the Q6_K GEMV.
+Q6_K_GEMV_CONFIG = (4, 1, 1, 16)
+
+
+@triton.jit
+def q4_k_head(words, block):
+    """A Q4_K block's d and dmin (float32) and its scale words a, m, c (bytes 4-7, 8-11, 12-15), for blocks at
+    int32 word offsets `block`."""
+    head = tl.load(words + block)
+    d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return d, dmin, tl.load(words + block + 1), tl.load(words + block + 2), tl.load(words + block + 3)
+
+
+@triton.jit
+def k_scale_min_words(a, m, c, sub):
+    """The 6-bit scales and mins of sub-blocks `sub` (in 0..7) from a Q4_K block's scale words a, m, c (bytes
+    4-7, 8-11 and 12-15 of the block), as floats of their broadcast shape."""
+    shift = 8 * (sub % 4)
+    a_byte = (a >> shift) & 255
+    m_byte = (m >> shift) & 255
+    c_byte = (c >> shift) & 255
+    scale = tl.where(sub < 4, a_byte & 63, (c_byte & 15) | ((a_byte >> 6) << 4))
+    minimum = tl.where(sub < 4, m_byte & 63, (c_byte >> 4) | ((m_byte >> 6) << 4))
+    return scale.to(tl.float32), minimum.to(tl.float32)
+
+
+@triton.jit
+def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.constexpr, EXPERTS: tl.constexpr,
+               X_ROW_DIV: tl.constexpr):
+    """What an int8 GEMV program works on: W, its row of x's codes as int32 words, the index of that row's first
+    run of 32, and its BLOCK_N rows of W with their mask. Output row program_id(0) takes x's row of the same
+    index; where EXPERTS the output rows are (token, expert) pairs instead, W the pair's expert (experts_ptr[pair],
+    expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV)."""
+    pair = tl.program_id(0).to(tl.int64)
+    if EXPERTS:
+        w_ptr += tl.load(experts_ptr + pair).to(tl.int64) * expert_bytes
+    x_row = pair // X_ROW_DIV
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return (w_ptr, xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4), x_row * (K // 32), rows,
+            rows < N)
+
+
+@triton.jit
+def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W, BLOCK_B
+    blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word
+    4 + 8j + i holds in byte b the elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b
+    (high nibble, sub-block 2j + 1): four consecutive elements of x, one int32 word of its int8 codes, so
+    each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once.
+    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py).
+    EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
+    j = tl.arange(0, 4)
+    i = tl.arange(0, 8)
+    low_sub = 2 * j[None, :]
+    acc = tl.zeros([BLOCK_N, 4], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            blk = b0 + bb
+            block = row_base + blk * 36
+            d, dmin, a, m, c = q4_k_head(words, block)
+            a, m, c = a[:, None], m[:, None], c[:, None]
+            codes = tl.load(words + block[:, None, None] + 4 + 8 * j[None, :, None] + i[None, None, :])
+            x_low = tl.load(x_words + blk * 64 + 16 * j[:, None] + i[None, :])
+            x_high = tl.load(x_words + blk * 64 + 16 * j[:, None] + 8 + i[None, :])
+            dot_low = tl.sum(dp4a(codes & 0x0F0F0F0F, x_low[None, :, :], DP4A), axis=2).to(tl.float32)
+            dot_high = tl.sum(dp4a((codes >> 4) & 0x0F0F0F0F, x_high[None, :, :], DP4A), axis=2).to(tl.float32)
+            scale_low, min_low = k_scale_min_words(a, m, c, low_sub)
+            scale_high, min_high = k_scale_min_words(a, m, c, low_sub + 1)
+            xd_low = tl.load(xd_ptr + runs + blk * 8 + 2 * j)[None, :]
+            xd_high = tl.load(xd_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
+            xs_low = tl.load(xs_ptr + runs + blk * 8 + 2 * j)[None, :]
+            xs_high = tl.load(xs_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
+            acc += (d[:, None] * (scale_low * xd_low * dot_low + scale_high * xd_high * dot_high)
+                    - dmin[:, None] * (min_low * xs_low + min_high * xs_high))
+    store_split_output(tl.sum(acc, axis=1), tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr,
+                       counts_ptr, M, N, SPLITS, SPLIT)
+
+
+@triton.jit
+def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q6_K W, BLOCK_B blocks a
+    step. A 210-byte block is 2-byte aligned, so its words are read as pairs of 16-bit halves. Element
+    128h + 32(2 p2 + p1) + 4i + b takes its low four bits from byte b of word 16h + 8p1 + i of ql (nibble p2)
+    and its high two from byte b of word 8h + i of qh (bits 2(2 p2 + p1)): the tensors below are indexed
+    [row, h, p2, p1, g, w] with i = 4g + w, so each ql word is read once for both its nibbles and a scale group
+    of 16 elements is one (g) of them. The codes are unsigned (q + 32): a group's dot takes 32 times its sum of
+    x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and
+    X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
+    halves = w_ptr.to(tl.pointer_type(tl.uint16))
+    row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None, None]
+    two = tl.arange(0, 2)
+    h = two[None, :, None, None, None, None]
+    p2 = two[None, None, :, None, None, None]
+    p1 = two[None, None, None, :, None, None]
+    g = two[None, None, None, None, :, None]
+    i = 4 * g + tl.arange(0, 4)[None, None, None, None, None, :]
+    ql_at = 32 * h + 16 * p1 + 2 * i
+    qh_at = 64 + 16 * h + 2 * i
+    x_at = 32 * h + 16 * p2 + 8 * p1 + i
+    group = (8 * h + 4 * p2 + 2 * p1 + g).reshape(1, 2, 2, 2, 2)
+    run = group // 2
+    acc = tl.zeros([BLOCK_N, 2, 2, 2, 2], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            blk = b0 + bb
+            block = row_base + blk * 105
+            ql = tl.load(halves + block + ql_at).to(tl.int32) | (tl.load(halves + block + ql_at + 1).to(tl.int32) << 16)
+            qh = tl.load(halves + block + qh_at).to(tl.int32) | (tl.load(halves + block + qh_at + 1).to(tl.int32) << 16)
+            codes = ((ql >> (4 * p2)) & 0x0F0F0F0F) | (((qh >> (4 * p2 + 2 * p1)) & 0x03030303) << 4)
+            x = tl.load(x_words + blk * 64 + x_at)
+            dot = tl.sum(dp4a(codes, x, DP4A), axis=5)
+            x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=5)
+            block_byte = (2 * block).reshape(BLOCK_N, 1, 1, 1, 1)
+            scale = tl.load(w_ptr + block_byte + 192 + group).to(tl.int8, bitcast=True).to(tl.float32)
+            d = tl.load(halves + block.reshape(BLOCK_N, 1, 1, 1, 1) + 104).to(tl.float16, bitcast=True)
+            xd = tl.load(xd_ptr + runs + blk * 8 + run)
+            acc += d.to(tl.float32) * scale * xd * (dot - 32 * x_sum).to(tl.float32)
+    total = tl.sum(tl.sum(tl.sum(tl.sum(acc, axis=4), axis=3), axis=2), axis=1)
+    store_split_output(total, tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                       SPLIT)
+
+
+def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
+                      experts: torch.Tensor | None, x_row_div: int, gemv_config: tuple[int, int, int, int] | None,
+                      split_k: int | None) -> None:
+    """out [rows, N] = each row's x row @ W^T by the int8 GEMV of `qtype`; data [N, row bytes], or with `experts`
+    (each output row's expert) [experts, N, row bytes], x's row then the output row // x_row_div."""
+    kernel, default, row_unit, takes_sums = _int8_gemv(qtype, data)
+    m, n = out.shape
+    k = x.shape[1]
+    block_n, block_b, warps, split_warps = gemv_config or default
+    while (k // 256) % block_b:
+        block_b //= 2
+    xq, xd, xs = quantize_q8(x)
+    grid = (m, triton.cdiv(n, block_n))
+    split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
+    kernel[(*grid, split.splits)](
+        *((xq, xd, xs) if takes_sums else (xq, xd)), data, out, split.work, split.counts,
+        out if experts is None else experts, 0 if experts is None else data.stride(0), m, n, k,
+        data.stride(-2) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
+        BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, EXPERTS=experts is not None, X_ROW_DIV=x_row_div,
+        num_warps=warps)
+
+
+def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
+    """Whether gguf_expert_gemv runs experts `data` [experts, N, row bytes] of `qtype`."""
+    return data.is_cuda and data.is_contiguous() and runs_int8_gemv(qtype, data.view(-1, data.shape[-1]))
+
+
+def gguf_expert_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
+                     experts: torch.Tensor, x_row_div: int) -> torch.Tensor:
+    """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `data` [E, N, row bytes] of `qtype` over
+    k columns, where runs_expert_gemv(data, qtype)."""
+    out = torch.empty(experts.numel(), data.shape[1], dtype=x.dtype, device=x.device)
+    if out.shape[0]:
+        launch_int8_gemv(x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, None)
+    return out
+
+
+def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
+    """(kernel, default config, bytes of its unit of row stride, whether it takes x's run sums) of the int8 GEMV
+    that runs `data`, or None."""
+    if qtype == T.Q4_K and q4_k_words_ok(data):
+        return _q4_k_q8_gemv_kernel, Q4_K_GEMV_CONFIG, 4, True
+    if qtype == T.Q6_K and _halves_ok(data):
+        return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False
+    return None
+
+
+def runs_int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
+    """Whether an int8 GEMV runs `data` [N, row bytes] of `qtype`."""
+    return _int8_gemv(qtype, data) is not None
+
+
+def _halves_ok(data: torch.Tensor) -> bool:
+    """Whether rows can be read as 16-bit halves (rows and their start 2-byte aligned)."""
+    return data.stride(-1) == 1 and data.stride(0) % 2 == 0 and data.data_ptr() % 2 == 0
+
+
+def q4_k_words_ok(data: torch.Tensor) -> bool:
+    """Whether Q4_K rows can be read as int32 words (rows and their start 4-byte aligned)."""
+    return data.stride(-1) == 1 and data.stride(0) % 4 == 0 and data.data_ptr() % 4 == 0
