@@ -44,3 +44,22 @@ def test_dummy_weights_in_every_format(tmp_path: Path, caplog: pytest.LogCapture
     assert getattr(layer, marker) is not None
     (logits,) = PagedRunner(model).step([(Sequence([5, 9, 2, 7]), 4)])
     assert torch.isfinite(logits).all() and logits.abs().max() > 0
+
+
+def test_dummy_experts_quantized_in_situ(tmp_path: Path) -> None:
+    """`-q q4_k` on an MoE model: the experts are random Q4_K blocks, as a float checkpoint's are quantized at
+    load, and the model runs over them."""
+    moe = dict(CONFIG, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", head_dim=64, num_experts=4,
+               num_experts_per_tok=2, moe_intermediate_size=256, norm_topk_prob=True)
+    (tmp_path / "config.json").write_text(json.dumps(moe))
+    config = EngineArgs(model=str(tmp_path), load_format="dummy", quantization="q4k",
+                        device="cpu").create_engine_config()
+    with quantization_scope(config.quant_config):
+        model = get_model_class(moe["architectures"])(config.hf_config).eval()
+    load_weights(model, config.source, seed=0, quant_config=config.quant_config)
+    experts = model.model.layers[1].mlp.experts
+    assert experts.w13_weight.dtype == torch.uint8 and set(experts.packed) == {"w13", "w2"}
+    decoded = experts.packed["w2"].dequantize_all()
+    assert decoded.abs().max() < 1.1e-3 and decoded.std() > 1e-4  # uniform in [-1e-3, 1e-3], rounded
+    (logits,) = PagedRunner(model).step([(Sequence([5, 9, 2, 7]), 4)])
+    assert torch.isfinite(logits).all() and logits.abs().max() > 0

@@ -5,11 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from wick.layers.moe.fused_moe import FusedMoE
+
 
 def initialize_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3, high: float = 1e-3) -> None:
     """Fill every floating-point parameter in place with values uniform in [low, high], generated on the
     parameter's device (one generator per device, seeded with `seed`): the same seed gives the same
-    weights. Quantized layers then get random weights of their format (random floats quantized)."""
+    weights. Quantized layers and packed MoE experts then get random weights of their format (random floats
+    quantized)."""
     generators: dict[torch.device, torch.Generator] = {}
 
     def generator(device: torch.device) -> torch.Generator:
@@ -26,3 +29,5 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3
             if method is not None:
                 device = next(module.parameters()).device
                 method.initialize_dummy(module, generator(device), low, high)
+            elif isinstance(module, FusedMoE):
+                module.initialize_dummy(generator(module.w13_weight.device), low, high)

@@ -8,21 +8,32 @@ linear's are. On CUDA the fused Triton kernel runs; elsewhere the torch referenc
 
 from __future__ import annotations
 
+import logging
+from functools import cache
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
 from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
-from wick.layers.quantization.base import current_quantization
+from wick.layers.quantization.base import QuantizationConfig, current_quantization
 from wick.layers.quantization.gguf import GGUFWeight, as_dense
+from wick.layers.quantization.gguf_quantize import quantize
 
 if TYPE_CHECKING:
     from wick.models.config import MoeSpec
+
+logger = logging.getLogger(__name__)
+
+
+@cache
+def _warn_once(message: str) -> None:
+    logger.warning(message)
 
 
 def fused_experts_ref(
@@ -86,37 +97,74 @@ class FusedMoE(nn.Module):
         self.hidden_size = hidden_size
         self.params_dtype = torch.get_default_dtype()
         # A GGUF checkpoint's experts arrive packed: w13's and w2's buffers are made at their first expert's load,
-        # packed (in `packed`) where their type has kernels, else as floats.
+        # packed (in `packed`) where their type has kernels, else as floats. In-situ quantization packs a float
+        # checkpoint's experts as each shard arrives.
         config = current_quantization()
         self.gguf = config is not None and config.packs_gguf()
+        self.isq_type = self._in_situ_type(config)
         self.packed: dict[str, PackedExperts] = {}
-        shapes = ((0,), (0,)) if self.gguf else ((e, 2 * i, hidden_size), (e, hidden_size, i))
-        self.w13_weight = nn.Parameter(torch.empty(shapes[0]), requires_grad=False)
-        self.w2_weight = nn.Parameter(torch.empty(shapes[1]), requires_grad=False)
+        if self.gguf:
+            self.w13_weight = nn.Parameter(torch.empty(0), requires_grad=False)
+            self.w2_weight = nn.Parameter(torch.empty(0), requires_grad=False)
+        elif self.isq_type is not None:
+            block, type_size = GGML_QUANT_SIZES[self.isq_type]
+            self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, hidden_size // block * type_size, dtype=torch.uint8),
+                                           requires_grad=False)
+            self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, i // block * type_size, dtype=torch.uint8),
+                                          requires_grad=False)
+            self.packed = {"w13": PackedExperts(self.w13_weight.data, self.isq_type, hidden_size, self.params_dtype),
+                           "w2": PackedExperts(self.w2_weight.data, self.isq_type, i, self.params_dtype)}
+        else:
+            self.w13_weight = nn.Parameter(torch.empty(e, 2 * i, hidden_size), requires_grad=False)
+            self.w2_weight = nn.Parameter(torch.empty(e, hidden_size, i), requires_grad=False)
         self.w13_weight.weight_loader = self.weight_loader
         self.w2_weight.weight_loader = self.weight_loader
+
+    def _in_situ_type(self, config: QuantizationConfig | None) -> GGMLQuantizationType | None:
+        """The GGUF type this layer's float experts are quantized into as they load, where they can run in it."""
+        qtype = None if config is None else config.expert_type()
+        if qtype is None:
+            return None
+        block = GGML_QUANT_SIZES[qtype][0]
+        dtype = str(self.params_dtype).removeprefix("torch.")
+        if qtype not in PACKED_EXPERT_TYPES:
+            _warn_once(f"MoE experts stay in {dtype}: only Q4_K and Q6_K experts have kernels, not {qtype.name}")
+            return None
+        if self.hidden_size % block or self.intermediate_size % block:
+            _warn_once(f"MoE experts stay in {dtype}: {qtype.name} needs rows of whole {block}-value blocks, and "
+                       f"their rows are {self.hidden_size} and {self.intermediate_size} (on this rank) wide")
+            return None
+        return qtype
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor | GGUFWeight,
                       shard_id: tuple[str, int | None]) -> None:
         """shard_id (kind, expert): kind "gate", "up" or "down" of one expert's [out, in] matrix, or
         "gate_up" / "down" of all experts at once ([E, 2 * I, H] / [E, H, I], expert None)."""
         kind, expert = shard_id
-        i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
         if isinstance(loaded, GGUFWeight):
             self._load_packed(param, loaded, kind, expert)
             return
-        target = param.data if expert is None else param.data[expert]
+        packed = self.packed.get("w2" if kind == "down" else "w13") if self.isq_type is not None else None
+        for offset, rows, source in self._rank_shards(loaded, kind):
+            if packed is None:
+                target = param.data if expert is None else param.data[expert]
+                target.narrow(-2, offset, rows).copy_(source)
+                continue
+            for e, matrix in enumerate(source) if expert is None else ((expert, source),):
+                packed.data[e].narrow(0, offset, rows).copy_(quantize(matrix.to(packed.data.device), packed.qtype))
+
+    def _rank_shards(self, loaded: torch.Tensor, kind: str) -> list[tuple[int, int, torch.Tensor]]:
+        """(first row, rows, this rank's part of `loaded`) for each block of rows of w13 or w2 (of one expert or
+        of all) that a checkpoint tensor of `kind` fills."""
+        i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
         if kind == "down":
-            target.copy_(loaded.narrow(-1, start, i))
-        elif kind == "gate_up":
+            return [(0, self.hidden_size, loaded.narrow(-1, start, i))]
+        if kind == "gate_up":
             full = loaded.shape[-2] // 2
-            target[:, :i].copy_(loaded[:, start:start + i])
-            target[:, i:].copy_(loaded[:, full + start:full + start + i])
-        elif kind in ("gate", "up"):
-            offset = 0 if kind == "gate" else i
-            target.narrow(0, offset, i).copy_(loaded.narrow(0, start, i))
-        else:
-            raise ValueError(f"unknown expert shard {kind!r}")
+            return [(0, i, loaded.narrow(-2, start, i)), (i, i, loaded.narrow(-2, full + start, i))]
+        if kind in ("gate", "up"):
+            return [(0 if kind == "gate" else i, i, loaded.narrow(-2, start, i))]
+        raise ValueError(f"unknown expert shard {kind!r}")
 
     def _load_packed(self, param: nn.Parameter, loaded: GGUFWeight, kind: str, expert: int | None) -> None:
         if not self.gguf or expert is None or kind not in ("gate", "up", "down"):
@@ -143,6 +191,14 @@ class FusedMoE(nn.Module):
             packed.data[expert].copy_(loaded.columns(start, i).data)
         else:
             packed.data[expert].narrow(0, 0 if kind == "gate" else i, i).copy_(loaded.rows(start, i).data)
+
+    def initialize_dummy(self, generator: torch.Generator, low: float, high: float) -> None:
+        """Random packed experts for the dummy loader: floats uniform in [low, high], quantized."""
+        for packed in self.packed.values():
+            experts, rows, columns = packed.shape
+            for expert in range(experts):
+                floats = torch.empty(rows, columns, device=packed.data.device).uniform_(low, high, generator=generator)
+                packed.data[expert].copy_(quantize(floats, packed.qtype))
 
     def process_weights_after_loading(self) -> None:
         """Where only one of w13 and w2 stayed packed, it is decoded too: the kernels take both packed or neither."""

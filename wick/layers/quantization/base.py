@@ -12,10 +12,13 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
 
 # Rows of x from which a GPTQ/AWQ layer on a GPU dequantizes W whole and multiplies in x's dtype (cuBLAS), as it
 # does on the CPU: for an 8,192-token prefill its tiled kernel took 8x bf16's time on an H200 (docs/benchmarks.md,
@@ -39,6 +42,11 @@ class QuantizationConfig(ABC):
     def describe(self) -> str:
         """The weights' format for the load log line."""
         return self.name
+
+    def expert_type(self) -> GGMLQuantizationType | None:
+        """The GGUF type a float checkpoint's MoE experts are quantized into as they load (None: they load as
+        they are)."""
+        return None
 
 
 class LinearMethod(ABC):

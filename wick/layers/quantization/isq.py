@@ -37,6 +37,9 @@ class InSituGGUFConfig(QuantizationConfig):
     def describe(self) -> str:
         return f"{self.qtype.name} (in-situ)"
 
+    def expert_type(self) -> GGMLQuantizationType:
+        return self.qtype
+
 
 def _type_for(qtype: GGMLQuantizationType, columns: int) -> GGMLQuantizationType:
     if columns % GGML_QUANT_SIZES[qtype][0] == 0:
