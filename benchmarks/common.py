@@ -72,3 +72,20 @@ def kv_bytes_per_token(model: torch.nn.Module) -> int:
 
 def print_environment() -> None:
     print(" | ".join(f"{k} {v}" for k, v in environment().items()))
+
+
+def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
+    """Random blocks of a Q4_K or Q6_K GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1]
+    values, on the GPU: random codes and 6-bit scales with every float16 scale (d, and Q4_K's dmin) 1e-3, so that no
+    decoded value overflows."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    scales_at = {GGMLQuantizationType.Q4_K: slice(0, 4), GGMLQuantizationType.Q6_K: slice(208, 210)}[qtype]
+    block, size = GGML_QUANT_SIZES[qtype]
+    *rows, columns = shape
+    blocks = torch.randint(0, 256, (*rows, columns // block, size), dtype=torch.uint8, device="cuda")
+    scales = torch.full((*rows, columns // block, (scales_at.stop - scales_at.start) // 2), 1e-3, dtype=torch.float16,
+                        device="cuda")
+    blocks[..., scales_at] = scales.view(torch.uint8)
+    return blocks.reshape(*rows, -1)
+

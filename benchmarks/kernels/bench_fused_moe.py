@@ -25,10 +25,10 @@ import json
 from functools import partial
 
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from triton.testing import do_bench, do_bench_cudagraph
 
-from benchmarks.common import copy_bandwidth, print_environment
+from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels.fused_moe import fused_experts, moe_config
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
@@ -99,13 +99,7 @@ def main() -> None:
 
 def _random_packed(experts: int, rows: int, columns: int, qtype: GGMLQuantizationType,
                    dtype: torch.dtype) -> PackedExperts:
-    """Random blocks of `qtype` with small float16 scales (no decoded value overflows)."""
-    block, size = GGML_QUANT_SIZES[qtype]
-    data = torch.randint(0, 256, (experts, rows, columns // block, size), dtype=torch.uint8, device="cuda")
-    scale_at = {GGMLQuantizationType.Q4_K: 0, GGMLQuantizationType.Q6_K: 208}[qtype]
-    data[..., scale_at:scale_at + 2] = torch.full((experts, rows, columns // block, 1), 1e-3, dtype=torch.float16,
-                                                  device="cuda").view(torch.uint8)
-    return PackedExperts(data.view(experts, rows, -1), qtype, columns, dtype)
+    return PackedExperts(random_gguf_blocks(qtype, experts, rows, columns), qtype, columns, dtype)
 
 
 def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, down_type: GGMLQuantizationType,
@@ -131,9 +125,6 @@ def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, down_type
 
         times = []
         for path in (*paths, None):
-            if path == "tiles" and qtype != GGMLQuantizationType.Q4_K:  # no tile kernel for gate/up
-                times.append(float("nan"))
-                continue
             run(path)
             times.append(do_bench_cudagraph(partial(run, path)) / len(routes))
         bf16_ms = time_ms(x, w13, w2, routes, None)

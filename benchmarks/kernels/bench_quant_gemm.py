@@ -1,9 +1,9 @@
 """GGUF weights against many rows of x (prefill, larger decode batches) at Llama-3.1-8B's linear layers, ms for
 the four, each row count: bf16's x @ W^T, W dequantized whole for cuBLAS, and gguf_matmul as the layer runs it
-(for Q4_K the tile kernel up to Q4_K_TILE_MAX_ROWS rows). `--sweep` also times every Q4_K tile shape of SWEEP
-and prints the best.
+(for Q4_K and Q6_K the tile kernel up to TILE_MAX_ROWS rows). `--sweep` also times every tile shape of SWEEP and
+prints the best.
 
-    python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K] [--rows 16 64 256 2048 8192] [--sweep]
+    python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K|Q6_K] [--rows 16 64 256 2048 8192] [--sweep]
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import itertools
 from collections.abc import Callable
 
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 from triton.testing import do_bench
 
-from benchmarks.common import print_environment
+from benchmarks.common import print_environment, random_gguf_blocks
 from benchmarks.kernels.bench_quant_gemv import LLAMA_8B
 from wick.kernels.gguf_matmul import gguf_matmul
 
-# (BLOCK_M, BLOCK_N, PAIRS, warps, stages)
-SWEEP = list(itertools.product([16, 32, 64, 128, 256], [64, 128], [1, 2, 4], [4, 8], [3]))
+# (BLOCK_M, BLOCK_N, K_STEP, warps, stages); Q6_K takes K_STEP of 128 and 256 only
+SWEEP = list(itertools.product([16, 32, 64, 128, 256], [64, 128], [64, 128, 256], [4, 8], [3]))
 
 
 def main() -> None:
@@ -32,15 +32,8 @@ def main() -> None:
     args = parser.parse_args()
     print_environment()
     qtype = GGMLQuantizationType[args.qtype]
-    block_size, type_size = GGML_QUANT_SIZES[qtype]
-    layers = []
-    for _, n, k in LLAMA_8B:
-        data = torch.randint(0, 256, (n, k // block_size * type_size), dtype=torch.uint8, device="cuda")
-        # small float16 scales wherever a block keeps them, so that no decoded value overflows
-        blocks = data.view(n, k // block_size, type_size)
-        blocks[..., :4] = torch.full((n, k // block_size, 2), 1e-3, dtype=torch.float16,
-                                     device="cuda").view(torch.uint8)
-        layers.append((n, k, data, torch.randn(n, k, dtype=torch.bfloat16, device="cuda")))
+    layers = [(n, k, random_gguf_blocks(qtype, n, k), torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
+              for _, n, k in LLAMA_8B]
     print(f"{args.qtype}, Llama-3.1-8B's layers: ms for the four")
     print(f"| rows | bf16 | dequantized + cuBLAS | {args.qtype} as the layer runs it | vs bf16 |")
     print("|---|---|---|---|---|")
@@ -54,10 +47,10 @@ def main() -> None:
         dequantized = run(lambda x, n, k, data, w: gguf_matmul(x, data, qtype, (n, k), tile_max_rows=0))
         layer = run(lambda x, n, k, data, w: gguf_matmul(x, data, qtype, (n, k)))
         print(f"| {m} | {bf16:.3f} | {dequantized:.3f} | {layer:.3f} | {bf16 / layer:.2f}x |", flush=True)
-        if args.sweep and qtype == GGMLQuantizationType.Q4_K:
+        if args.sweep:
             timings = {}
             for config in SWEEP:
-                if config[0] > 2 * m:
+                if config[0] > 2 * m or (qtype == GGMLQuantizationType.Q6_K and config[2] < 128):
                     continue
                 try:
                     timings[config] = run(lambda x, n, k, data, w, c=config: gguf_matmul(

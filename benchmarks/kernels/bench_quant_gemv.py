@@ -20,7 +20,7 @@ import torch
 from gguf import GGMLQuantizationType
 from triton.testing import do_bench_cudagraph
 
-from benchmarks.common import copy_bandwidth, print_environment
+from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
 from wick.kernels.gguf_int8_gemv import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG
 from wick.kernels.gguf_matmul import gguf_matmul
@@ -46,18 +46,13 @@ def _bf16(n: int, k: int) -> tuple[Callable, int]:
 
 
 def _q4_k(n: int, k: int) -> tuple[Callable, int]:
-    blocks = torch.randint(0, 256, (n, k // 256, 144), dtype=torch.uint8, device="cuda")
-    scales = torch.full((n, k // 256, 2), 1e-3, dtype=torch.float16, device="cuda")
-    blocks[:, :, :4] = scales.view(torch.uint8).reshape(n, k // 256, 4)
-    data = blocks.reshape(n, -1)
+    data = random_gguf_blocks(GGMLQuantizationType.Q4_K, n, k)
     return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config),
             data.numel())
 
 
 def _q6_k(n: int, k: int) -> tuple[Callable, int]:
-    blocks = torch.randint(0, 256, (n, k // 256, 210), dtype=torch.uint8, device="cuda")
-    blocks[:, :, 208:] = torch.full((n, k // 256, 1), 1e-3, dtype=torch.float16, device="cuda").view(torch.uint8)
-    data = blocks.reshape(n, -1)
+    data = random_gguf_blocks(GGMLQuantizationType.Q6_K, n, k)
     return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q6_K, (n, k), gemv_config=config),
             data.numel())
 

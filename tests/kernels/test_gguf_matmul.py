@@ -16,7 +16,7 @@ from wick.kernels.gguf_matmul import (
     gguf_dequantize,
     gguf_matmul,
 )
-from wick.kernels.gguf_q4_k_tiles import Q4_K_TILE_MAX_ROWS
+from wick.kernels.gguf_tiles import TILE_MAX_ROWS
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
 
@@ -98,13 +98,14 @@ def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
-def test_gpu_q4_k_tile_kernel_bf16(rows: int) -> None:
+def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:
     n, k = 300, 1024
-    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=14)
+    weight = random_gguf(qtype, n, k, seed=14)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(11)).to(DEVICE, torch.bfloat16)
-    expected = x.float() @ dequantize(weight.data, GGMLQuantizationType.Q4_K, (n, k)).t().to(DEVICE)
-    out = gguf_matmul(x, weight.data.to(DEVICE), GGMLQuantizationType.Q4_K, (n, k), tile_max_rows=Q4_K_TILE_MAX_ROWS)
+    expected = x.float() @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
+    out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k), tile_max_rows=TILE_MAX_ROWS[qtype])
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[torch.bfloat16] * expected.abs().max().item(),
                                rtol=0)
 
@@ -129,24 +130,33 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize(("rows", "n", "k", "config", "split_k"), [
-    (GEMV_MAX_ROWS + 1, 40, 512, None, None),
-    (33, 24, 1280, (16, 16, 1, 4, 2), 1),
-    (20, 70, 768, (32, 32, 4, 4, 2), 1),
-    (17, 64, 1024, (16, 64, 2, 4, 3), 1),
-    (40, 48, 1280, (16, 16, 1, 4, 2), 3),
-    (12, 40, 1024, (16, 32, 2, 4, 2), 100),
-    (200, 72, 512, None, None),
-], ids=["default", "pairs_1_rows_past_tiles", "pairs_4_ragged_n", "pairs_2_two_steps_a_block", "split_3",
-        "split_one_step_each", "largest_tile"])
-def test_q4_k_tile_kernel(rows: int, n: int, k: int, config: tuple[int, int, int, int, int] | None,
-                          split_k: int | None) -> None:
-    weight = random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=13)
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+
+
+@pytest.mark.parametrize(("qtype", "rows", "n", "k", "config", "split_k"), [
+    (Q4_K, GEMV_MAX_ROWS + 1, 40, 512, None, None),
+    (Q4_K, 33, 24, 1280, (16, 16, 64, 4, 2), 1),
+    (Q4_K, 20, 70, 768, (32, 32, 256, 4, 2), 1),
+    (Q4_K, 17, 64, 1024, (16, 64, 128, 4, 3), 1),
+    (Q4_K, 40, 48, 1280, (16, 16, 64, 4, 2), 3),
+    (Q4_K, 12, 40, 1024, (16, 32, 128, 4, 2), 100),
+    (Q4_K, 200, 72, 512, None, None),
+    (Q6_K, GEMV_MAX_ROWS + 1, 40, 512, None, None),
+    (Q6_K, 33, 24, 1280, (16, 16, 128, 4, 2), 1),
+    (Q6_K, 20, 70, 768, (32, 32, 256, 4, 2), 1),
+    (Q6_K, 40, 48, 1280, (16, 16, 128, 4, 2), 3),
+    (Q6_K, 200, 72, 512, None, None),
+], ids=["q4_k_default", "q4_k_step_64_rows_past_tiles", "q4_k_step_256_ragged_n", "q4_k_two_steps_a_block",
+        "q4_k_split_3", "q4_k_split_one_step_each", "q4_k_largest_tile", "q6_k_default", "q6_k_step_128",
+        "q6_k_step_256_ragged_n", "q6_k_split_3", "q6_k_largest_tile"])
+def test_tile_kernel(qtype: GGMLQuantizationType, rows: int, n: int, k: int,
+                     config: tuple[int, int, int, int, int] | None, split_k: int | None) -> None:
+    weight = random_gguf(qtype, n, k, seed=13)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(8)).to(DEVICE)
-    expected = x @ dequantize(weight.data, GGMLQuantizationType.Q4_K, (n, k)).t().to(DEVICE)
+    expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
     for _ in range(2):  # the second call meets the arrival counts the first left
-        out = gguf_matmul(x, weight.data.to(DEVICE), GGMLQuantizationType.Q4_K, (n, k), tile_config=config,
-                          split_k=split_k, tile_max_rows=Q4_K_TILE_MAX_ROWS)
+        out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k), tile_config=config, split_k=split_k,
+                          tile_max_rows=TILE_MAX_ROWS[qtype])
         assert out.shape == (rows, n)
         torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
     assert not arrival_counts(torch.device(DEVICE)).any()

@@ -3,7 +3,7 @@
 For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
 owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
 step and reducing it against a row of x. Q4_K and Q6_K have GEMVs of their own on x rounded to int8
-(gguf_int8_gemv.py). From 9 to Q4_K_TILE_MAX_ROWS rows Q4_K runs the tile kernel of gguf_q4_k_tiles.py, its bytes
+(gguf_int8_gemv.py). From 9 to TILE_MAX_ROWS rows they run the tile kernel of gguf_tiles.py, their bytes
 read once a tile of rows. Otherwise (prefill, other types, layers small enough that their decoded copy stays in
 the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The decoding of every type follows
 wick/loader/gguf_dequant.py, which is the reference in the tests.
@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from wick.kernels.gguf_int8_gemv import launch_int8_gemv, q4_k_words_ok, runs_int8_gemv
-from wick.kernels.gguf_q4_k_tiles import Q4_K_TILE_MAX_ROWS, q4_k_tile_matmul
+from wick.kernels.gguf_int8_gemv import launch_int8_gemv, runs_int8_gemv
+from wick.kernels.gguf_tiles import TILE_MAX_ROWS, runs_tiles, tile_matmul
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
 T = GGMLQuantizationType
@@ -195,8 +195,8 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
                 tile_max_rows: int | None = None) -> torch.Tensor:
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
     gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the int8 GEMV and
-    split_k its splits of K (of either kernel); tile_config: (BLOCK_M, BLOCK_N, PAIRS, warps, stages) of the
-    Q4_K tile kernel and tile_max_rows the most rows it takes; for benchmarks and tests, None picks them (no
+    split_k its splits of K (of either kernel); tile_config: (BLOCK_M, BLOCK_N, K_STEP, warps, stages) of the
+    tile kernel (Q4_K, Q6_K) and tile_max_rows the most rows it takes; for benchmarks and tests, None picks them (no
     rows where W dequantized stays in the L2 cache)."""
     n, k = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
@@ -206,14 +206,14 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     m = x2.shape[0]
     if m > GEMV_MAX_ROWS:
         if tile_max_rows is None:
-            tile_max_rows = 0 if _dequantized_stays_in_l2(n * k, x) else Q4_K_TILE_MAX_ROWS
-        if qtype != T.Q4_K or not q4_k_words_ok(data) or m > tile_max_rows:
+            tile_max_rows = 0 if _dequantized_stays_in_l2(n * k, x) else TILE_MAX_ROWS.get(qtype, 0)
+        if not runs_tiles(qtype, data) or m > tile_max_rows:
             return (x2 @ gguf_dequantize(data, qtype, shape, x.dtype).t()).reshape(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
     if m > GEMV_MAX_ROWS:
-        q4_k_tile_matmul(x2, data, out, tile_config, split_k)
+        tile_matmul(x2, data, qtype, out, tile_config, split_k)
     elif runs_int8_gemv(qtype, data):
         launch_int8_gemv(x2, data, qtype, out, None, 1, gemv_config, split_k)
     else:

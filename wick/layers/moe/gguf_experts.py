@@ -3,9 +3,8 @@
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
 one GGUF type, about the file's size instead of bf16's. On a GPU, up to EXPERT_GEMV_MAX_PAIRS (token, expert)
 pairs (decode) run the int8 GEMVs of Q4_K and Q6_K, each pair's expert chosen inside the kernel; more pairs run
-the Q4_K tile kernel over the pairs sorted by expert (each expert's blocks read once a tile of its pairs), and
-other types decode the layer's experts whole for the fused kernel. On the CPU the reference decodes each expert
-a token chose as it meets it.
+the tile kernel over the pairs sorted by expert (each expert's blocks read once a tile of its pairs). On the CPU
+the reference decodes each expert a token chose as it meets it.
 """
 
 from __future__ import annotations
@@ -21,10 +20,7 @@ from wick.loader.gguf_dequant import dequantize
 # each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
 # pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
 EXPERT_GEMV_MAX_PAIRS = 128
-# Pairs up to which Q4_K gate/up experts with a Q6_K down projection run the tile kernel and the down GEMV; past
-# them the layer's experts are decoded. H100: 890 against 1,091 us at 1,024 pairs, 1,587 against 1,117 at 2,048.
-EXPERT_MIXED_MAX_PAIRS = 1024
-# The GGUF types whose experts stay packed: those the GEMVs (and for Q4_K the tile kernel) read. A file's experts
+# The GGUF types whose experts stay packed: those the GEMVs and the tile kernel read. A file's experts
 # of other types load as floats, as a layer's whose down projection splits off block boundaries under tensor
 # parallelism.
 PACKED_EXPERT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})
@@ -62,36 +58,32 @@ class PackedExperts:
 def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
     """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
-    the first that runs): "gemv", the GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the Q4_K tile kernel
-    over the pairs sorted by expert for Q4_K gate/up, and for the down projection too where it is Q4_K, else
-    (Q6_K, as Q4_K_M files mix in) its GEMV up to EXPERT_MIXED_MAX_PAIRS pairs; "decoded", the experts decoded."""
+    the first that runs): "gemv", the GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the tile kernel over the
+    pairs sorted by expert; "decoded", the experts decoded."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, moe_align
     from wick.kernels.gguf_int8_gemv import gguf_expert_gemv, runs_expert_gemv
-    from wick.kernels.gguf_q4_k_tiles import expert_tile_rows, gguf_expert_matmul
+    from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_rows, gguf_expert_matmul
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
     gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
-    tiles = gemv and w13.qtype == GGMLQuantizationType.Q4_K
-    down_tiles = tiles and w2.qtype == GGMLQuantizationType.Q4_K
+    tiles = gemv and w13.qtype in TILE_TYPES and w2.qtype in TILE_TYPES
     if path is None:
-        path = ("gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS
-                else "tiles" if down_tiles or (tiles and num_pairs <= EXPERT_MIXED_MAX_PAIRS) else "decoded")
+        path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
     if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
         raise ValueError(f"experts in {w13.qtype.name} and {w2.qtype.name} have no {path} path")
     if path == "decoded":
         return fused_experts(x, w13.dequantize_all(), w2.dequantize_all(), topk_weights, topk_ids)
-    ids = topk_ids.flatten()
     if path == "gemv":
+        ids = topk_ids.flatten()
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
-    else:
-        block_m = expert_tile_rows(num_pairs, w13.shape[0], x.dtype)
-        layout = moe_align(topk_ids, w13.shape[0], block_m)
-        gate_up = gguf_expert_matmul(x, w13.data, w13.columns, *layout, block_m, num_pairs, top_k)
-    if path == "tiles" and down_tiles:
-        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.columns, *layout, block_m, num_pairs, 1)
-    else:
         down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
+    else:
+        block_m = expert_tile_rows(num_pairs, w13.shape[0], w13.qtype, x.dtype)
+        layout = moe_align(topk_ids, w13.shape[0], block_m)
+        gate_up = gguf_expert_matmul(x, w13.data, w13.qtype, w13.columns, *layout, block_m, num_pairs, top_k)
+        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, *layout, block_m, num_pairs,
+                                  1)
     weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
     return weighted.sum(1).to(x.dtype)

@@ -1,5 +1,5 @@
-"""The Q4_K tile kernel over (token, expert) pairs sorted by expert against each pair's product over the torch
-dequantizer."""
+"""The tile kernel over (token, expert) pairs sorted by expert against each pair's product over the torch
+dequantizer, Q4_K and Q6_K experts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels.fused_moe import moe_align
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_q4_k_tiles import expert_tile_rows, gguf_expert_matmul
+from wick.kernels.gguf_tiles import expert_tile_rows, gguf_expert_matmul
 from wick.loader.gguf_dequant import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -21,17 +21,18 @@ from gguf_blocks import random_gguf  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
 @pytest.mark.parametrize(("tokens", "split_k"), [(5, 1), (40, 1), (5, 3)], ids=["few", "many", "split"])
-def test_expert_tile_kernel_over_sorted_pairs(tokens: int, split_k: int) -> None:
+def test_expert_tile_kernel_over_sorted_pairs(qtype: GGMLQuantizationType, tokens: int, split_k: int) -> None:
     experts, n, k, top_k = 4, 40, 512, 2
-    weights = [random_gguf(GGMLQuantizationType.Q4_K, n, k, seed=30 + e) for e in range(experts)]
+    weights = [random_gguf(qtype, n, k, seed=30 + e) for e in range(experts)]
     data = torch.stack([w.data for w in weights]).to(DEVICE)
     ids = torch.randint(0, experts, (tokens, top_k), generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
     x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(10)).to(DEVICE)
-    block_m = expert_tile_rows(tokens * top_k, experts, x.dtype)
-    out = gguf_expert_matmul(x, data, k, *moe_align(ids, experts, block_m), block_m, tokens * top_k, top_k,
+    block_m = expert_tile_rows(tokens * top_k, experts, qtype, x.dtype)
+    out = gguf_expert_matmul(x, data, qtype, k, *moe_align(ids, experts, block_m), block_m, tokens * top_k, top_k,
                              split_k=split_k)
-    dense = [dequantize(w.data, GGMLQuantizationType.Q4_K, (n, k)).to(DEVICE) for w in weights]
+    dense = [dequantize(w.data, qtype, (n, k)).to(DEVICE) for w in weights]
     expected = torch.stack([x[p // top_k] @ dense[e].t() for p, e in enumerate(ids.flatten().tolist())])
     torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
     assert not arrival_counts(torch.device(DEVICE)).any()

@@ -1,0 +1,188 @@
+"""Q4_K and Q6_K weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program decoding its
+tile of W from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow one), so
+the packed bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Over (token, expert)
+pairs sorted by expert (moe_align's tiles) the same kernel runs a GGUF file's experts.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from gguf import GGMLQuantizationType
+
+from wick.kernels.gemv_split import SplitK, store_split_output
+from wick.kernels.gguf_int8_gemv import k_scale_min_words, q4_k_head, runs_int8_gemv
+
+T = GGMLQuantizationType
+TILE_TYPES = frozenset({T.Q4_K, T.Q6_K})
+# Rows of x up to which a type runs the tile kernel; past them W is dequantized whole for cuBLAS.
+TILE_MAX_ROWS = {T.Q4_K: 256, T.Q6_K: 256}
+# (BLOCK_M, BLOCK_N, K_STEP (columns a step), warps, stages) of the tile kernel by the most rows they serve
+# (benchmarks/kernels/bench_quant_gemm.py --sweep on an H100); past the last, the last. Each type's tiles of one
+# bound have the same BLOCK_M: an MoE layer's two GEMMs share one layout of sorted pairs.
+TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, int, int]]]] = {
+    T.Q4_K: [
+        (16, (16, 64, 128, 4, 3)),
+        (32, (32, 64, 128, 8, 3)),
+        (64, (64, 128, 128, 8, 3)),
+        (128, (128, 64, 128, 8, 3)),
+        (1 << 62, (256, 64, 128, 8, 3)),
+    ],
+    T.Q6_K: [
+        (16, (16, 64, 128, 4, 3)),
+        (32, (32, 64, 128, 8, 3)),
+        (64, (64, 128, 128, 8, 3)),
+        (128, (128, 64, 128, 8, 3)),
+        (1 << 62, (256, 64, 128, 8, 3)),
+    ],
+}
+# Warps an SM that splitting K of the tile kernel aims at.
+TILE_SPLIT_WARPS = 16
+
+
+@triton.jit
+def _q4_k_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr):
+    """Q4_K W's columns c0 .. c0 + K_STEP (64, 128 or 256, within one block) of rows at byte offsets row_base, as
+    float32 [BLOCK_N, K_STEP]. Byte 32p + l of a block's codes holds element 64p + l in its low nibble and
+    64p + 32 + l in its high one; the codes are read as [BLOCK_N, PAIRS, 2, 32] (each byte twice, once a nibble)
+    so that the tile comes out in column order."""
+    PAIRS: tl.constexpr = K_STEP // 64
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    block = row_base // 4 + (c0 // 256) * 36
+    p0 = (c0 % 256) // 64
+    p = tl.arange(0, PAIRS)[None, :, None]
+    half = tl.arange(0, 2)[None, None, :]
+    lane = tl.arange(0, 32)[None, None, None, :]
+    d, dmin, a, m, c = q4_k_head(words, block)
+    d, dmin = d[:, None, None], dmin[:, None, None]
+    scale, minimum = k_scale_min_words(a[:, None, None], m[:, None, None], c[:, None, None], 2 * (p0 + p) + half)
+    codes = tl.load((w_ptr + block * 4 + 16 + p0 * 32)[:, None, None, None] + 32 * p[:, :, :, None] + lane)
+    # A code q in the float32 mantissa's top bits reads 1 + q / 16: no integer-to-float conversion, which runs at
+    # an eighth of the rate of a multiply-add. w = (1 + q / 16) * 16 d s - (16 d s + dmin m).
+    ds16 = (16.0 * d * scale)[:, :, :, None]
+    q = (((codes.to(tl.int32) >> (4 * half[:, :, :, None])) & 15) << 19 | 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.reshape(q * ds16 - (ds16 + (dmin * minimum)[:, :, :, None]), (BLOCK_N, K_STEP))
+
+
+@triton.jit
+def _q6_k_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr):
+    """Q6_K W's columns c0 .. c0 + K_STEP (128 or 256, within one block) of rows at byte offsets row_base, as
+    float32 [BLOCK_N, K_STEP]. A block (210 bytes: ql[128], qh[64], 16 int8 scales, fp16 d) holds two halves of
+    128; element 64 hi + 32 lo + l of half h has its low 4 bits in nibble hi of ql[64 h + 32 lo + l], its high 2
+    in bits 2 (2 hi + lo) of qh[32 h + l], and scale 8 h + 2 (2 hi + lo) + l // 16. The tile is decoded as
+    [BLOCK_N, HALVES, hi, lo, l // 16, l % 16], column order."""
+    HALVES: tl.constexpr = K_STEP // 128
+    block = (row_base + (c0 // 256) * 210)[:, None, None, None, None, None]
+    h = (c0 % 256) // 128 + tl.arange(0, HALVES)[None, :, None, None, None, None]
+    hi = tl.arange(0, 2)[None, None, :, None, None, None]
+    lo = tl.arange(0, 2)[None, None, None, :, None, None]
+    s = tl.arange(0, 2)[None, None, None, None, :, None]
+    lane = 16 * s + tl.arange(0, 16)[None, None, None, None, None, :]
+    ql = tl.load(w_ptr + block + 64 * h + 32 * lo + lane).to(tl.int32)
+    qh = tl.load(w_ptr + block + 128 + 32 * h + lane).to(tl.int32)
+    scale = tl.load((w_ptr + block + 192 + 8 * h + 2 * (2 * hi + lo) + s).to(tl.pointer_type(tl.int8)))
+    d = tl.load((w_ptr + block + 208).to(tl.pointer_type(tl.float16))).to(tl.float32)
+    code = ((ql >> (4 * hi)) & 15) | (((qh >> (2 * (2 * hi + lo))) & 3) << 4)
+    # As in _q4_k_step: 1 + q / 64 from the mantissa, w = d s (q - 32) = (1 + q / 64) * 64 d s - 96 d s.
+    ds64 = 64.0 * d * scale.to(tl.float32)
+    q = (code << 17 | 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.reshape(q * ds64 - 1.5 * ds64, (BLOCK_N, K_STEP))
+
+
+@triton.jit(do_not_specialize=["M"])
+def _tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, experts_ptr, padded_ptr, expert_bytes,
+                 M, N, K, stride_xm, row_bytes, stride_om, SPLIT_STEPS, SPLITS,
+                 QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
+                 SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, SORTED: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for W in GGUF type QTYPE (Q4_K or Q6_K), K_STEP columns a
+    step. Where SPLIT, program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py).
+    SORTED: the output rows are M (token, expert) pairs, tile i's the sorted pairs sorted_ptr[i * BLOCK_M + ...]
+    of expert experts_ptr[i] (moe_align's layout, M for padding; tiles from padded_ptr[0] / BLOCK_M on have none),
+    W that expert's (expert_bytes apart) and x's row a pair's token (pair // X_ROW_DIV)."""
+    if SORTED:
+        if tl.program_id(0) * BLOCK_M >= tl.load(padded_ptr):
+            return
+        rows = tl.load(sorted_ptr + tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+        w_ptr += tl.load(experts_ptr + tl.program_id(0)).to(tl.int64) * expert_bytes
+    else:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = cols < N
+    m_mask = rows < M
+    # Rows of W past N read row 0 and are not stored.
+    row_base = tl.where(n_mask, cols, 0).to(tl.int64) * row_bytes
+    ks = tl.arange(0, K_STEP)
+    x_rows = x_ptr + (tl.where(m_mask, rows, 0) // X_ROW_DIV).to(tl.int64)[None, :] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    c_begin = tl.program_id(2) * SPLIT_STEPS * K_STEP
+    for c0 in range(c_begin, tl.minimum(K, c_begin + SPLIT_STEPS * K_STEP), K_STEP):
+        if QTYPE == "Q4_K":
+            w = _q4_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
+        else:
+            w = _q6_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
+        xt = tl.load(x_rows + (c0 + ks)[:, None], mask=m_mask[None, :], other=0.0)
+        acc = tl.dot(w.to(x_ptr.dtype.element_ty), xt, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
+    store_split_output(acc, rows[None, :], cols[:, None], n_mask[:, None] & m_mask[None, :], out_ptr, stride_om,
+                       work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
+
+
+def runs_tiles(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
+    """Whether the tile kernel runs W `data` [N, row bytes] of `qtype` (its rows aligned as the GEMVs need)."""
+    return qtype in TILE_TYPES and runs_int8_gemv(qtype, data)
+
+
+def _tile_config(qtype: GGMLQuantizationType, rows: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The tile of TILE_CONFIGS for `rows` rows of x; float32 x takes at most 32 rows a tile (its tiles of x take
+    twice the shared memory: 256 rows of Q4_K needed 305 KB on an H100, which has 227)."""
+    block_m, block_n, k_step, warps, stages = next(c for bound, c in TILE_CONFIGS[qtype] if rows <= bound)
+    if dtype == torch.float32:
+        block_m = min(block_m, 32)
+    return block_m, block_n, k_step, warps, stages
+
+
+def expert_tile_rows(num_pairs: int, num_experts: int, qtype: GGMLQuantizationType, dtype: torch.dtype) -> int:
+    """The row tile of gguf_expert_matmul for num_pairs (token, expert) pairs over num_experts experts of `qtype`
+    and x of `dtype` (moe_align's block_m): the tile for the pairs an expert gets on average, at most 128."""
+    return _tile_config(qtype, min(128, -(-num_pairs // num_experts)), dtype)[0]
+
+
+def gguf_expert_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
+                       sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor, block_m: int,
+                       num_pairs: int, x_row_div: int, split_k: int | None = None) -> torch.Tensor:
+    """out [num_pairs, N]: row p = x[p // x_row_div] @ W_e^T for experts `data` [E, N, row bytes] of `qtype`
+    over k columns, each pair p in the tiles of moe_align(ids, E, block_m) (e = its expert); block_m from
+    expert_tile_rows. split_k: the splits of K, for tests; None picks them."""
+    if sorted_ids.numel() != block_expert.numel() * block_m:
+        raise ValueError(f"the sorted pairs are not in tiles of {block_m} rows")
+    out = torch.empty(num_pairs, data.shape[1], dtype=x.dtype, device=x.device)
+    config = (block_m, *_tile_config(qtype, block_m, x.dtype)[1:])
+    _launch(x.reshape(-1, k).contiguous(), data, qtype, out, config, split_k,
+            (sorted_ids, block_expert, num_padded), x_row_div)
+    return out
+
+
+def tile_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
+                tile_config: tuple[int, int, int, int, int] | None, split_k: int | None) -> None:
+    """out [M, N] = x [M, K] @ W^T for W `data` [N, row bytes] of `qtype`, where runs_tiles. tile_config:
+    (BLOCK_M, BLOCK_N, K_STEP, warps, stages) and split_k the splits of K, for benchmarks and tests; None picks
+    them."""
+    _launch(x, data, qtype, out, tile_config or _tile_config(qtype, x.shape[0], x.dtype), split_k, None, 1)
+
+
+def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
+            config: tuple[int, int, int, int, int], split_k: int | None,
+            sorted_pairs: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None, x_row_div: int) -> None:
+    """The tile kernel over out's rows, or with sorted_pairs (moe_align's sorted ids, each tile's expert, the rows
+    in use) over (token, expert) pairs of experts `data` [E, N, row bytes]."""
+    block_m, block_n, k_step, warps, stages = config
+    m, n = out.shape
+    k = x.shape[1]
+    grid = (triton.cdiv(m, block_m) if sorted_pairs is None else sorted_pairs[1].shape[0], triton.cdiv(n, block_n))
+    split = SplitK(k // k_step, grid[0] * grid[1], warps, TILE_SPLIT_WARPS, out, split_k)
+    _tile_kernel[(*grid, split.splits)](
+        x, data, out, split.work, split.counts, *(sorted_pairs or (out, out, out)),
+        0 if sorted_pairs is None else data.stride(0), m, n, k, x.stride(0), data.stride(-2), out.stride(0),
+        split.steps, split.splits, QTYPE=qtype.name, BLOCK_M=block_m, BLOCK_N=block_n, K_STEP=k_step,
+        SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        SORTED=sorted_pairs is not None, X_ROW_DIV=x_row_div, num_warps=warps, num_stages=stages)
