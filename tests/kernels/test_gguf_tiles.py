@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels.fused_moe import moe_align
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_tiles import expert_tile_rows, gguf_expert_matmul
+from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul
 from wick.loader.gguf_dequant import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -29,8 +29,8 @@ def test_expert_tile_kernel_over_sorted_pairs(qtype: GGMLQuantizationType, token
     data = torch.stack([w.data for w in weights]).to(DEVICE)
     ids = torch.randint(0, experts, (tokens, top_k), generator=torch.Generator().manual_seed(tokens)).to(DEVICE)
     x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(10)).to(DEVICE)
-    block_m = expert_tile_rows(tokens * top_k, experts, qtype, x.dtype)
-    out = gguf_expert_matmul(x, data, qtype, k, *moe_align(ids, experts, block_m), block_m, tokens * top_k, top_k,
+    config = expert_tile_config(tokens * top_k, experts, x.dtype)
+    out = gguf_expert_matmul(x, data, qtype, k, *moe_align(ids, experts, config[0]), config, tokens * top_k, top_k,
                              split_k=split_k)
     dense = [dequantize(w.data, qtype, (n, k)).to(DEVICE) for w in weights]
     expected = torch.stack([x[p // top_k] @ dense[e].t() for p, e in enumerate(ids.flatten().tolist())])

@@ -69,15 +69,32 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _sum_pairs_kernel(partial_ptr, out_ptr, N, TOP_K: tl.constexpr, K_PAD: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[token] = sum over j of partial[token * TOP_K + j], in fp32."""
+def _sum_pairs_kernel(partial_ptr, weights_ptr, out_ptr, N, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
+                      BLOCK_N: tl.constexpr, WEIGHTED: tl.constexpr):
+    """out[token] = sum over j of partial[token * TOP_K + j] (times weights[token * TOP_K + j] where WEIGHTED), in
+    fp32."""
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     pairs = tl.arange(0, K_PAD)
     mask = (pairs < TOP_K)[:, None] & (cols < N)[None, :]
     rows = tl.load(partial_ptr + (token * TOP_K + pairs)[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    tl.store(out_ptr + token * N + cols, tl.sum(rows.to(tl.float32), axis=0).to(out_ptr.dtype.element_ty),
-             mask=cols < N)
+    rows = rows.to(tl.float32)
+    if WEIGHTED:
+        rows *= tl.load(weights_ptr + token * TOP_K + pairs, mask=pairs < TOP_K, other=0.0)[:, None]
+    tl.store(out_ptr + token * N + cols, tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty), mask=cols < N)
+
+
+def sum_pairs(partial: torch.Tensor, top_k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """partial [T * top_k, N] (contiguous; row t * top_k + j: token t's j-th expert) -> [T, N], the sum over j, each
+    row times weights [T, top_k] (float32) if given."""
+    hidden = partial.shape[1]
+    summed = torch.empty(partial.shape[0] // top_k, hidden, dtype=partial.dtype, device=partial.device)
+    block_n = min(1024, triton.next_power_of_2(hidden))
+    _sum_pairs_kernel[(summed.shape[0], triton.cdiv(hidden, block_n))](
+        partial, partial if weights is None else weights.contiguous(), summed, hidden, TOP_K=top_k,
+        K_PAD=triton.next_power_of_2(top_k), BLOCK_N=block_n, WEIGHTED=weights is not None,
+    )
+    return summed
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
@@ -171,9 +188,4 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision,
         num_warps=warps, num_stages=stages,
     )
-    summed = torch.empty_like(x)
-    block_n = min(1024, triton.next_power_of_2(hidden))
-    _sum_pairs_kernel[(num_tokens, triton.cdiv(hidden, block_n))](
-        out, summed, hidden, TOP_K=top_k, K_PAD=triton.next_power_of_2(top_k), BLOCK_N=block_n,
-    )
-    return summed
+    return sum_pairs(out, top_k)

@@ -17,10 +17,9 @@ from wick.kernels.gguf_int8_gemv import k_scale_min_words, q4_k_head, runs_int8_
 T = GGMLQuantizationType
 TILE_TYPES = frozenset({T.Q4_K, T.Q6_K})
 # Rows of x up to which a type runs the tile kernel; past them W is dequantized whole for cuBLAS.
-TILE_MAX_ROWS = {T.Q4_K: 256, T.Q6_K: 256}
+TILE_MAX_ROWS = {T.Q4_K: 256, T.Q6_K: 128}
 # (BLOCK_M, BLOCK_N, K_STEP (columns a step), warps, stages) of the tile kernel by the most rows they serve
-# (benchmarks/kernels/bench_quant_gemm.py --sweep on an H100); past the last, the last. Each type's tiles of one
-# bound have the same BLOCK_M: an MoE layer's two GEMMs share one layout of sorted pairs.
+# (benchmarks/kernels/bench_quant_gemm.py --sweep on an H100); past the last, the last.
 TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, int, int]]]] = {
     T.Q4_K: [
         (16, (16, 64, 128, 4, 3)),
@@ -32,11 +31,20 @@ TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, in
     T.Q6_K: [
         (16, (16, 64, 128, 4, 3)),
         (32, (32, 64, 128, 8, 3)),
-        (64, (64, 128, 128, 8, 3)),
-        (128, (128, 64, 128, 8, 3)),
-        (1 << 62, (256, 64, 128, 8, 3)),
+        (64, (64, 64, 128, 8, 3)),
+        (1 << 62, (128, 64, 128, 4, 3)),
     ],
 }
+# The same over (token, expert) pairs sorted by expert, by the pairs an expert gets on average, for both types (an
+# MoE layer's two GEMMs share one layout of sorted pairs). A row tile that holds all of an expert's pairs decodes
+# its blocks once: at 16 pairs an expert on average 64-row tiles took 514 us against 693 with 128 rows and more
+# with 16, at 128 the 128-row tile with 4 warps 1,072 against 1,468 with 8 (Qwen3-30B-A3B's experts, Q4_K gate/up
+# and Q6_K down, H100).
+EXPERT_TILE_CONFIGS = [
+    (4, (16, 64, 128, 4, 3)),
+    (32, (64, 64, 128, 4, 2)),
+    (1 << 62, (128, 64, 128, 4, 3)),
+]
 # Warps an SM that splitting K of the tile kernel aims at.
 TILE_SPLIT_WARPS = 16
 
@@ -132,33 +140,34 @@ def runs_tiles(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
     return qtype in TILE_TYPES and runs_int8_gemv(qtype, data)
 
 
-def _tile_config(qtype: GGMLQuantizationType, rows: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """The tile of TILE_CONFIGS for `rows` rows of x; float32 x takes at most 32 rows a tile (its tiles of x take
-    twice the shared memory: 256 rows of Q4_K needed 305 KB on an H100, which has 227)."""
-    block_m, block_n, k_step, warps, stages = next(c for bound, c in TILE_CONFIGS[qtype] if rows <= bound)
+def _tile_config(configs: list[tuple[int, tuple[int, int, int, int, int]]], rows: int,
+                 dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The tile of `configs` for `rows` rows; float32 x takes at most 32 rows a tile (its tiles of x take twice the
+    shared memory: 256 rows of Q4_K needed 305 KB on an H100, which has 227)."""
+    block_m, block_n, k_step, warps, stages = next(c for bound, c in configs if rows <= bound)
     if dtype == torch.float32:
         block_m = min(block_m, 32)
     return block_m, block_n, k_step, warps, stages
 
 
-def expert_tile_rows(num_pairs: int, num_experts: int, qtype: GGMLQuantizationType, dtype: torch.dtype) -> int:
-    """The row tile of gguf_expert_matmul for num_pairs (token, expert) pairs over num_experts experts of `qtype`
-    and x of `dtype` (moe_align's block_m): the tile for the pairs an expert gets on average, at most 128."""
-    return _tile_config(qtype, min(128, -(-num_pairs // num_experts)), dtype)[0]
+def expert_tile_config(num_pairs: int, num_experts: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The tile of gguf_expert_matmul for num_pairs (token, expert) pairs over num_experts experts and x of `dtype`;
+    its BLOCK_M is moe_align's block_m."""
+    return _tile_config(EXPERT_TILE_CONFIGS, -(-num_pairs // num_experts), dtype)
 
 
 def gguf_expert_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
-                       sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor, block_m: int,
-                       num_pairs: int, x_row_div: int, split_k: int | None = None) -> torch.Tensor:
+                       sorted_ids: torch.Tensor, block_expert: torch.Tensor, num_padded: torch.Tensor,
+                       config: tuple[int, int, int, int, int], num_pairs: int, x_row_div: int,
+                       split_k: int | None = None) -> torch.Tensor:
     """out [num_pairs, N]: row p = x[p // x_row_div] @ W_e^T for experts `data` [E, N, row bytes] of `qtype`
-    over k columns, each pair p in the tiles of moe_align(ids, E, block_m) (e = its expert); block_m from
-    expert_tile_rows. split_k: the splits of K, for tests; None picks them."""
-    if sorted_ids.numel() != block_expert.numel() * block_m:
-        raise ValueError(f"the sorted pairs are not in tiles of {block_m} rows")
+    over k columns, each pair p in the tiles of moe_align(ids, E, config[0]) (e = its expert); config from
+    expert_tile_config. split_k: the splits of K, for tests; None picks them."""
+    if sorted_ids.numel() != block_expert.numel() * config[0]:
+        raise ValueError(f"the sorted pairs are not in tiles of {config[0]} rows")
     out = torch.empty(num_pairs, data.shape[1], dtype=x.dtype, device=x.device)
-    config = (block_m, *_tile_config(qtype, block_m, x.dtype)[1:])
-    _launch(x.reshape(-1, k).contiguous(), data, qtype, out, config, split_k,
-            (sorted_ids, block_expert, num_padded), x_row_div)
+    _launch(x.reshape(-1, k).contiguous(), data, qtype, out, config, split_k, (sorted_ids, block_expert, num_padded),
+            x_row_div)
     return out
 
 
@@ -167,7 +176,8 @@ def tile_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     """out [M, N] = x [M, K] @ W^T for W `data` [N, row bytes] of `qtype`, where runs_tiles. tile_config:
     (BLOCK_M, BLOCK_N, K_STEP, warps, stages) and split_k the splits of K, for benchmarks and tests; None picks
     them."""
-    _launch(x, data, qtype, out, tile_config or _tile_config(qtype, x.shape[0], x.dtype), split_k, None, 1)
+    _launch(x, data, qtype, out, tile_config or _tile_config(TILE_CONFIGS[qtype], x.shape[0], x.dtype), split_k, None,
+            1)
 
 
 def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,

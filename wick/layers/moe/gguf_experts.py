@@ -61,9 +61,9 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     the first that runs): "gemv", the GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the tile kernel over the
     pairs sorted by expert; "decoded", the experts decoded."""
     from wick.kernels.activation import silu_and_mul
-    from wick.kernels.fused_moe import fused_experts, moe_align
+    from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
     from wick.kernels.gguf_int8_gemv import gguf_expert_gemv, runs_expert_gemv
-    from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_rows, gguf_expert_matmul
+    from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_config, gguf_expert_matmul
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
@@ -80,10 +80,8 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
         down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
     else:
-        block_m = expert_tile_rows(num_pairs, w13.shape[0], w13.qtype, x.dtype)
-        layout = moe_align(topk_ids, w13.shape[0], block_m)
-        gate_up = gguf_expert_matmul(x, w13.data, w13.qtype, w13.columns, *layout, block_m, num_pairs, top_k)
-        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, *layout, block_m, num_pairs,
-                                  1)
-    weighted = down.view(tokens, top_k, -1).float() * topk_weights.float().unsqueeze(-1)
-    return weighted.sum(1).to(x.dtype)
+        config = expert_tile_config(num_pairs, w13.shape[0], x.dtype)
+        layout = moe_align(topk_ids, w13.shape[0], config[0])
+        gate_up = gguf_expert_matmul(x, w13.data, w13.qtype, w13.columns, *layout, config, num_pairs, top_k)
+        down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, *layout, config, num_pairs, 1)
+    return sum_pairs(down, top_k, topk_weights.float())
