@@ -76,8 +76,8 @@ def print_environment() -> None:
 
 def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
     """Random blocks of a Q4_K or Q6_K GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1]
-    values, on the GPU: random codes and 6-bit scales with every float16 scale (d, and Q4_K's dmin) 1e-3, so that no
-    decoded value overflows."""
+    values, on the GPU: random codes and sub-block scales with every float16 scale (d, and Q4_K's dmin) 1e-3, so
+    that no decoded value overflows."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     scales_at = {GGMLQuantizationType.Q4_K: slice(0, 4), GGMLQuantizationType.Q6_K: slice(208, 210)}[qtype]
@@ -88,4 +88,3 @@ def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
                         device="cuda")
     blocks[..., scales_at] = scales.view(torch.uint8)
     return blocks.reshape(*rows, -1)
-

@@ -1,5 +1,5 @@
 """The fused MoE kernel against the torch reference: decode and prefill sizes, experts left without tokens,
-sizes that are not multiples of the tiles; moe_align's layout."""
+sizes that are not multiples of the tiles; moe_align's layout; each token's top-k rows summed (weighted)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from wick.kernels import fused_moe
-from wick.kernels.fused_moe import fused_experts, moe_align
+from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
 
@@ -63,6 +63,15 @@ def test_moe_align_layout() -> None:
     for block in range(rows // 2):
         members = [p for p in sorted_ids[2 * block: 2 * block + 2].tolist() if p < num_pairs]
         assert members and all(flat[p] == block_expert[block] for p in members)
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+def test_sum_pairs(weighted: bool) -> None:
+    g = torch.Generator().manual_seed(4)
+    partial = torch.randn(5 * 3, 40, generator=g).to(DEVICE)
+    weights = torch.rand(5, 3, generator=g).to(DEVICE)
+    expected = (partial.view(5, 3, 40) * (weights.unsqueeze(-1) if weighted else 1)).sum(1)
+    torch.testing.assert_close(sum_pairs(partial, 3, weights if weighted else None), expected)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,7 +1,8 @@
 """Q4_K and Q6_K weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program decoding its
 tile of W from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow one), so
 the packed bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Over (token, expert)
-pairs sorted by expert (moe_align's tiles) the same kernel runs a GGUF file's experts.
+pairs sorted by expert (moe_align's tiles) the same kernel runs packed experts (a GGUF file's, or quantized in
+situ).
 """
 
 from __future__ import annotations
@@ -186,6 +187,8 @@ def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, ou
     """The tile kernel over out's rows, or with sorted_pairs (moe_align's sorted ids, each tile's expert, the rows
     in use) over (token, expert) pairs of experts `data` [E, N, row bytes]."""
     block_m, block_n, k_step, warps, stages = config
+    if 256 % k_step or k_step < (128 if qtype == T.Q6_K else 64):
+        raise ValueError(f"{qtype.name} tiles take 64 (Q4_K only), 128 or 256 columns a step, not {k_step}")
     m, n = out.shape
     k = x.shape[1]
     grid = (triton.cdiv(m, block_m) if sorted_pairs is None else sorted_pairs[1].shape[0], triton.cdiv(n, block_n))

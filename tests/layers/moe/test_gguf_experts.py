@@ -106,12 +106,14 @@ def test_experts_of_two_types_in_one_tensor_are_refused() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize(("down_type", "tokens", "path"), [
-    (T.Q6_K, 1, None), (T.Q6_K, 3, "gemv"), (T.Q4_K, 3, "tiles"), (T.Q6_K, 3, "tiles"), (T.Q4_K, 70, None),
-    (T.Q6_K, 70, None), (T.Q4_K, 300, None), (T.Q6_K, 300, None), (T.Q6_K, 1100, None), (T.Q6_K, 40, "decoded")])
-def test_gpu_packed_experts(down_type: GGMLQuantizationType, tokens: int, path: str | None,
-                            dtype: torch.dtype) -> None:
-    packed, dense = _pair(T.Q4_K, down_type, "cuda", dtype)
+@pytest.mark.parametrize(("qtype", "down_type", "tokens", "path"), [
+    (T.Q4_K, T.Q6_K, 1, None), (T.Q4_K, T.Q6_K, 3, "gemv"), (T.Q4_K, T.Q4_K, 3, "tiles"),
+    (T.Q4_K, T.Q6_K, 3, "tiles"), (T.Q4_K, T.Q4_K, 70, None), (T.Q4_K, T.Q6_K, 70, None), (T.Q4_K, T.Q4_K, 300, None),
+    (T.Q4_K, T.Q6_K, 300, None), (T.Q4_K, T.Q6_K, 1100, None), (T.Q4_K, T.Q6_K, 40, "decoded"),
+    (T.Q6_K, T.Q6_K, 300, None)])
+def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantizationType, tokens: int,
+                            path: str | None, dtype: torch.dtype) -> None:
+    packed, dense = _pair(qtype, down_type, "cuda", dtype)
     x, logits = _inputs(tokens, "cuda", dtype)
     weights, ids = select_experts(logits, SPEC.top_k, SPEC.renormalize)
     expected = fused_experts_ref(x, dense.w13_weight, dense.w2_weight, weights, ids).float()

@@ -1,4 +1,4 @@
-"""A GGUF file's experts kept in their block format.
+"""MoE experts kept in GGUF blocks: a GGUF file's, or a float checkpoint's quantized in situ.
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
 one GGUF type, about the file's size instead of bf16's. On a GPU, up to EXPERT_GEMV_MAX_PAIRS (token, expert)
