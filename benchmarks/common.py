@@ -75,12 +75,13 @@ def print_environment() -> None:
 
 
 def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
-    """Random blocks of a Q4_K or Q6_K GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1]
+    """Random blocks of a Q4_K, Q6_K or Q8_0 GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1]
     values, on the GPU: random codes and sub-block scales with every float16 scale (d, and Q4_K's dmin) 1e-3, so
     that no decoded value overflows."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    scales_at = {GGMLQuantizationType.Q4_K: slice(0, 4), GGMLQuantizationType.Q6_K: slice(208, 210)}[qtype]
+    scales_at = {GGMLQuantizationType.Q4_K: slice(0, 4), GGMLQuantizationType.Q6_K: slice(208, 210),
+                 GGMLQuantizationType.Q8_0: slice(0, 2)}[qtype]
     block, size = GGML_QUANT_SIZES[qtype]
     *rows, columns = shape
     blocks = torch.randint(0, 256, (*rows, columns // block, size), dtype=torch.uint8, device="cuda")

@@ -26,7 +26,7 @@ SWEEP = list(itertools.product([16, 32, 64, 128, 256], [64, 128], [64, 128, 256]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--qtype", default="Q4_K", choices=["Q4_K", "Q6_K"])
+    parser.add_argument("--qtype", default="Q4_K", choices=["Q4_K", "Q6_K", "Q8_0"])
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024, 2048, 8192])
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()

@@ -22,7 +22,7 @@ from triton.testing import do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
-from wick.kernels.gguf_int8_gemv import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG
+from wick.kernels.gguf_int8_gemv import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG, Q8_0_GEMV_CONFIG
 from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 
@@ -36,8 +36,10 @@ SWEEPS = {
     "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 32])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
     "q6_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
+    "q8_0": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
 }
-DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "q6_k": Q6_K_GEMV_CONFIG}
+DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "q6_k": Q6_K_GEMV_CONFIG,
+            "q8_0": Q8_0_GEMV_CONFIG}
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
@@ -57,6 +59,12 @@ def _q6_k(n: int, k: int) -> tuple[Callable, int]:
             data.numel())
 
 
+def _q8_0(n: int, k: int) -> tuple[Callable, int]:
+    data = random_gguf_blocks(GGMLQuantizationType.Q8_0, n, k)
+    return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q8_0, (n, k), gemv_config=config),
+            data.numel())
+
+
 def _gptq(n: int, k: int) -> tuple[Callable, int]:
     qweight = torch.randint(-(1 << 31), 1 << 31, (k // 8, n), dtype=torch.int64, device="cuda").to(torch.int32)
     scales = torch.full((k // GROUP, n), 1e-3, dtype=torch.bfloat16, device="cuda")
@@ -73,7 +81,7 @@ def _fp8(n: int, k: int) -> tuple[Callable, int]:
     return lambda x, config: fp8_matmul(x, weight, scale, (1, k), gemv_config=config), weight.numel() + n * 4
 
 
-MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8, "q6_k": _q6_k}
+MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8, "q6_k": _q6_k, "q8_0": _q8_0}
 
 
 def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:

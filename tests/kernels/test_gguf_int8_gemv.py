@@ -19,7 +19,8 @@ from gguf_blocks import random_gguf  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
+                         ids=lambda t: t.name)
 def test_expert_gemv(qtype: GGMLQuantizationType) -> None:
     experts, n, k, tokens, top_k = 3, 24, 512, 3, 2
     weights = [random_gguf(qtype, n, k, seed=20 + e) for e in range(experts)]

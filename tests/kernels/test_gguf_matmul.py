@@ -10,6 +10,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
+from wick.kernels.gguf_int8_gemv import runs_int8_gemv
 from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
     TRITON_TYPES,
@@ -31,8 +32,8 @@ def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.
     weight = random_gguf(qtype, n, k, seed=int(qtype))
     data = weight.data.to(DEVICE)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    # A few rows of x against Q4_K or Q6_K take the int8 GEMVs: their reference is x as they quantize x.
-    int8_gemv = qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K) and rows <= GEMV_MAX_ROWS
+    # A few rows of x against Q4_K, Q6_K or Q8_0 take the int8 GEMVs: their reference is x as they quantize x.
+    int8_gemv = runs_int8_gemv(qtype, data) and rows <= GEMV_MAX_ROWS
     x_seen = quantize_q8_ref(x) if int8_gemv else x.float()
     expected = x_seen @ dequantize(data, qtype, (n, k)).t()
     out = gguf_matmul(x, data, qtype, (n, k))
@@ -48,7 +49,8 @@ def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> No
     _check(qtype, rows, 40, k, torch.float32)
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize(("config", "split_k"), [(None, None), ((8, 2, 2, 0), None), ((1, 1, 1, 0), None),
                                                ((8, 1, 1, 0), 2), ((8, 1, 1, 0), 3), ((8, 1, 1, 0), 100)],
                          ids=["default", "8x2", "1x1", "split_3_2", "split_2_2_1", "split_one_block_each"])
@@ -98,7 +100,8 @@ def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
 def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:
     n, k = 300, 1024
@@ -130,7 +133,7 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
-Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0
 
 
 @pytest.mark.parametrize(("qtype", "rows", "n", "k", "config", "split_k"), [
@@ -146,9 +149,15 @@ Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
     (Q6_K, 20, 70, 768, (32, 32, 256, 4, 2), 1),
     (Q6_K, 40, 48, 1280, (16, 16, 128, 4, 2), 3),
     (Q6_K, 120, 72, 512, None, None),
+    (Q8_0, GEMV_MAX_ROWS + 1, 40, 512, None, None),
+    (Q8_0, 33, 24, 1280, (16, 16, 64, 4, 2), 1),
+    (Q8_0, 20, 70, 768, (32, 32, 256, 4, 2), 1),
+    (Q8_0, 40, 48, 1280, (16, 16, 128, 4, 2), 3),
+    (Q8_0, 120, 72, 512, None, None),
 ], ids=["q4_k_default", "q4_k_step_64_rows_past_tiles", "q4_k_step_256_ragged_n", "q4_k_two_steps_a_block",
         "q4_k_split_3", "q4_k_split_one_step_each", "q4_k_largest_tile", "q6_k_default", "q6_k_step_128",
-        "q6_k_step_256_ragged_n", "q6_k_split_3", "q6_k_largest_tile"])
+        "q6_k_step_256_ragged_n", "q6_k_split_3", "q6_k_largest_tile", "q8_0_default", "q8_0_step_64",
+        "q8_0_step_256_ragged_n", "q8_0_split_3", "q8_0_largest_tile"])
 def test_tile_kernel(qtype: GGMLQuantizationType, rows: int, n: int, k: int,
                      config: tuple[int, int, int, int, int] | None, split_k: int | None) -> None:
     weight = random_gguf(qtype, n, k, seed=13)

@@ -1,5 +1,5 @@
 """The tile kernel over (token, expert) pairs sorted by expert against each pair's product over the torch
-dequantizer, Q4_K and Q6_K experts."""
+dequantizer, Q4_K, Q6_K and Q8_0 experts."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from gguf_blocks import random_gguf  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
+                         ids=lambda t: t.name)
 @pytest.mark.parametrize(("tokens", "split_k"), [(5, 1), (40, 1), (5, 3)], ids=["few", "many", "split"])
 def test_expert_tile_kernel_over_sorted_pairs(qtype: GGMLQuantizationType, tokens: int, split_k: int) -> None:
     experts, n, k, top_k = 4, 40, 512, 2

@@ -1,4 +1,4 @@
-"""The int8 GEMVs of Q4_K and Q6_K weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
+"""The int8 GEMVs of Q4_K, Q6_K and Q8_0 weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
 wick/kernels/int8_activations.py) meets four weight codes at a time in dp4a, each sub-block's integer sum taking
 its scales once, since decoding each weight to a float cost more instructions than its bytes took to arrive.
 One program owns BLOCK_N rows of W for one row of x, K split among programs where the rows alone leave the SMs
@@ -22,6 +22,8 @@ T = GGMLQuantizationType
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
 # The same for the Q6_K GEMV.
 Q6_K_GEMV_CONFIG = (4, 1, 1, 16)
+# The same for the Q8_0 GEMV, whose "blocks" are groups of eight 32-value blocks (256 columns).
+Q8_0_GEMV_CONFIG = (4, 1, 1, 16)
 
 
 @triton.jit
@@ -157,6 +159,40 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
                        SPLIT)
 
 
+@triton.jit
+def _q8_0_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q8_0 W, BLOCK_B groups of
+    eight blocks (256 columns) a step. A 34-byte block (fp16 d, 32 int8 codes) is 2-byte aligned, so its code words
+    are read as pairs of 16-bit halves. dp4a takes unsigned codes: q + 128 (the sign bit flipped), and 128 times
+    the run's sum of x (xs) comes back off. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS groups from group
+    s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
+    halves = w_ptr.to(tl.pointer_type(tl.uint16))
+    row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_halves
+    j = tl.arange(0, 8)
+    i = tl.arange(0, 8)[None, None, :]
+    acc = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            group = b0 + bb
+            block = row_base[:, None] + (8 * group + j[None, :]) * 17
+            word = block[:, :, None] + 1 + 2 * i
+            codes = tl.load(halves + word).to(tl.int32) | (tl.load(halves + word + 1).to(tl.int32) << 16)
+            x = tl.load(x_words + group * 64 + 8 * j[None, :, None] + i)
+            dot = tl.sum(dp4a(codes ^ -0x7F7F7F80, x, DP4A), axis=2).to(tl.float32)  # -0x7F7F7F80: 0x80808080
+            d = tl.load(halves + block).to(tl.float16, bitcast=True).to(tl.float32)
+            xd = tl.load(xd_ptr + runs + group * 8 + j)[None, :]
+            xs = tl.load(xs_ptr + runs + group * 8 + j)[None, :]
+            acc += d * (xd * dot - 128.0 * xs)
+    store_split_output(tl.sum(acc, axis=1), tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr,
+                       counts_ptr, M, N, SPLITS, SPLIT)
+
+
 def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
                       experts: torch.Tensor | None, x_row_div: int, gemv_config: tuple[int, int, int, int] | None,
                       split_k: int | None) -> None:
@@ -201,6 +237,8 @@ def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
         return _q4_k_q8_gemv_kernel, Q4_K_GEMV_CONFIG, 4, True
     if qtype == T.Q6_K and _halves_ok(data):
         return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False
+    if qtype == T.Q8_0 and _halves_ok(data) and data.shape[-1] % (8 * 34) == 0:  # rows of whole 256-column groups
+        return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True
     return None
 
 

@@ -2,7 +2,7 @@
 
 For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
 owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
-step and reducing it against a row of x. Q4_K and Q6_K have GEMVs of their own on x rounded to int8
+step and reducing it against a row of x. Q4_K, Q6_K and Q8_0 have GEMVs of their own on x rounded to int8
 (gguf_int8_gemv.py). From 9 to TILE_MAX_ROWS rows they run the tile kernel of gguf_tiles.py, their bytes
 read once a tile of rows. Otherwise (prefill, other types, layers small enough that their decoded copy stays in
 the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The decoding of every type follows

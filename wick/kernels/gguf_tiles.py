@@ -1,4 +1,4 @@
-"""Q4_K and Q6_K weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program decoding its
+"""Q4_K, Q6_K and Q8_0 weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program decoding its
 tile of W from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow one), so
 the packed bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Over (token, expert)
 pairs sorted by expert (moe_align's tiles) the same kernel runs packed experts (a GGUF file's, or quantized in
@@ -16,9 +16,9 @@ from wick.kernels.gemv_split import SplitK, store_split_output
 from wick.kernels.gguf_int8_gemv import k_scale_min_words, q4_k_head, runs_int8_gemv
 
 T = GGMLQuantizationType
-TILE_TYPES = frozenset({T.Q4_K, T.Q6_K})
+TILE_TYPES = frozenset({T.Q4_K, T.Q6_K, T.Q8_0})
 # Rows of x up to which a type runs the tile kernel; past them W is dequantized whole for cuBLAS.
-TILE_MAX_ROWS = {T.Q4_K: 256, T.Q6_K: 128}
+TILE_MAX_ROWS = {T.Q4_K: 256, T.Q6_K: 128, T.Q8_0: 128}
 # (BLOCK_M, BLOCK_N, K_STEP (columns a step), warps, stages) of the tile kernel by the most rows they serve
 # (benchmarks/kernels/bench_quant_gemm.py --sweep on an H100); past the last, the last.
 TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, int, int]]]] = {
@@ -36,6 +36,7 @@ TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, in
         (1 << 62, (128, 64, 128, 4, 3)),
     ],
 }
+TILE_CONFIGS[T.Q8_0] = TILE_CONFIGS[T.Q6_K]
 # The same over (token, expert) pairs sorted by expert, by the pairs an expert gets on average, for both types (an
 # MoE layer's two GEMMs share one layout of sorted pairs). A row tile that holds all of an expert's pairs decodes
 # its blocks once: at 16 pairs an expert on average 64-row tiles took 514 us against 693 with 128 rows and more
@@ -99,12 +100,26 @@ def _q6_k_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr)
     return tl.reshape(q * ds64 - 1.5 * ds64, (BLOCK_N, K_STEP))
 
 
+@triton.jit
+def _q8_0_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr):
+    """Q8_0 W's columns c0 .. c0 + K_STEP (whole 32-value blocks of 34 bytes: fp16 d, 32 int8 codes) of rows at byte
+    offsets row_base, as float32 [BLOCK_N, K_STEP]."""
+    block = (row_base + (c0 // 32) * 34)[:, None, None] + 34 * tl.arange(0, K_STEP // 32)[None, :, None]
+    codes = tl.load(w_ptr + block + 2 + tl.arange(0, 32)[None, None, :]).to(tl.int32)
+    d = tl.load((w_ptr + block).to(tl.pointer_type(tl.float16))).to(tl.float32)
+    # As in _q4_k_step: q + 128 (the sign bit flipped) in the mantissa reads 1 + (q + 128) / 256, and
+    # w = d q = (1 + (q + 128) / 256) * 256 d - 384 d.
+    d256 = 256.0 * d
+    q = ((codes ^ 0x80) << 15 | 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.reshape(q * d256 - 1.5 * d256, (BLOCK_N, K_STEP))
+
+
 @triton.jit(do_not_specialize=["M"])
 def _tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, experts_ptr, padded_ptr, expert_bytes,
                  M, N, K, stride_xm, row_bytes, stride_om, SPLIT_STEPS, SPLITS,
                  QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
                  SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, SORTED: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for W in GGUF type QTYPE (Q4_K or Q6_K), K_STEP columns a
+    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for W in GGUF type QTYPE (Q4_K, Q6_K or Q8_0), K_STEP columns a
     step. Where SPLIT, program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py).
     SORTED: the output rows are M (token, expert) pairs, tile i's the sorted pairs sorted_ptr[i * BLOCK_M + ...]
     of expert experts_ptr[i] (moe_align's layout, M for padding; tiles from padded_ptr[0] / BLOCK_M on have none),
@@ -128,8 +143,10 @@ def _tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, expert
     for c0 in range(c_begin, tl.minimum(K, c_begin + SPLIT_STEPS * K_STEP), K_STEP):
         if QTYPE == "Q4_K":
             w = _q4_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
-        else:
+        elif QTYPE == "Q6_K":
             w = _q6_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
+        else:
+            w = _q8_0_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
         xt = tl.load(x_rows + (c0 + ks)[:, None], mask=m_mask[None, :], other=0.0)
         acc = tl.dot(w.to(x_ptr.dtype.element_ty), xt, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     store_split_output(acc, rows[None, :], cols[:, None], n_mask[:, None] & m_mask[None, :], out_ptr, stride_om,
@@ -188,7 +205,7 @@ def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, ou
     in use) over (token, expert) pairs of experts `data` [E, N, row bytes]."""
     block_m, block_n, k_step, warps, stages = config
     if 256 % k_step or k_step < (128 if qtype == T.Q6_K else 64):
-        raise ValueError(f"{qtype.name} tiles take 64 (Q4_K only), 128 or 256 columns a step, not {k_step}")
+        raise ValueError(f"{qtype.name} tiles take 64 (not Q6_K), 128 or 256 columns a step, not {k_step}")
     m, n = out.shape
     k = x.shape[1]
     grid = (triton.cdiv(m, block_m) if sorted_pairs is None else sorted_pairs[1].shape[0], triton.cdiv(n, block_n))

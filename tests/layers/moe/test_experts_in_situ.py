@@ -1,6 +1,6 @@
-"""The MoE layer's experts quantized in situ (`-q q4_k` / `q6_k`): a float checkpoint's experts packed as they load,
-a model so quantized against the HF forward over the same weights rounded by the gguf package, and the types and
-shapes whose experts stay floats."""
+"""The MoE layer's experts quantized in situ (`-q q4_k`, `q6_k`, `q8_0`): a float checkpoint's experts packed as
+they load, a model so quantized against the HF forward over the same weights rounded by the gguf package, and the
+types and shapes whose experts stay floats."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _rounded_by_gguf(weight: torch.Tensor, qtype: GGMLQuantizationType) -> torch
     return torch.from_numpy(np.ascontiguousarray(decoded)).reshape(weight.shape)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 def test_model_with_experts_quantized_at_load_matches_reference(monkeypatch: pytest.MonkeyPatch,
                                                                 qtype: GGMLQuantizationType) -> None:
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")  # attention's GGUF layers in float32, not the bf16 kernels
@@ -92,8 +92,8 @@ def test_experts_by_one_or_all_at_once_pack_the_same() -> None:
 
 
 @pytest.mark.parametrize(("quantization", "intermediate", "message"), [
-    ("q8_0", 256, "only Q4_K and Q6_K experts have kernels, not Q8_0"),
-    ("q4_k", 96, "Q4_K needs rows of whole 256-value blocks, and their rows are 512 and 96"),
+    ("q5_k", 256, "only Q4_K, Q6_K and Q8_0 experts have kernels, not Q5_K"),
+    ("q8_0", 96, "packed experts need rows of whole 256-value groups, and their rows are 512 and 96"),
 ])
 def test_experts_without_a_kernel_stay_floats(caplog: pytest.LogCaptureFixture, quantization: str,
                                               intermediate: int, message: str) -> None:

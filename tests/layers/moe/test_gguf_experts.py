@@ -56,11 +56,12 @@ def _inputs(tokens: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor,
 
 
 @pytest.mark.parametrize(("qtype", "down_type", "packed_names"), [
-    (T.Q4_K, T.Q6_K, {"w13", "w2"}), (T.Q6_K, T.Q4_K, {"w13", "w2"}), (T.Q8_0, T.Q8_0, set()), (T.F16, T.F16, set()),
-    (T.Q4_K, T.Q8_0, set())], ids=["q4_k_q6_k", "q6_k_q4_k", "q8_0", "f16", "q4_k_with_q8_0_down"])
+    (T.Q4_K, T.Q6_K, {"w13", "w2"}), (T.Q6_K, T.Q4_K, {"w13", "w2"}), (T.Q8_0, T.Q8_0, {"w13", "w2"}),
+    (T.Q5_K, T.Q5_K, set()), (T.F16, T.F16, set()), (T.Q4_K, T.Q5_K, set())],
+    ids=["q4_k_q6_k", "q6_k_q4_k", "q8_0", "q5_k", "f16", "q4_k_with_q5_k_down"])
 def test_packed_experts_compute_as_their_floats(qtype: GGMLQuantizationType, down_type: GGMLQuantizationType,
                                                 packed_names: set[str]) -> None:
-    """Q4_K and Q6_K experts stay in their blocks; other types, or a layer with only one of its two tensors in
+    """Q4_K, Q6_K and Q8_0 experts stay in their blocks; other types, or a layer with only one of its two tensors in
     them, load as floats."""
     packed, dense = _pair(qtype, down_type, "cpu")
     assert set(packed.packed) == packed_names
@@ -110,7 +111,7 @@ def test_experts_of_two_types_in_one_tensor_are_refused() -> None:
     (T.Q4_K, T.Q6_K, 1, None), (T.Q4_K, T.Q6_K, 3, "gemv"), (T.Q4_K, T.Q4_K, 3, "tiles"),
     (T.Q4_K, T.Q6_K, 3, "tiles"), (T.Q4_K, T.Q4_K, 70, None), (T.Q4_K, T.Q6_K, 70, None), (T.Q4_K, T.Q4_K, 300, None),
     (T.Q4_K, T.Q6_K, 300, None), (T.Q4_K, T.Q6_K, 1100, None), (T.Q4_K, T.Q6_K, 40, "decoded"),
-    (T.Q6_K, T.Q6_K, 300, None)])
+    (T.Q6_K, T.Q6_K, 300, None), (T.Q8_0, T.Q8_0, 3, None), (T.Q8_0, T.Q8_0, 300, None)])
 def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantizationType, tokens: int,
                             path: str | None, dtype: torch.dtype) -> None:
     packed, dense = _pair(qtype, down_type, "cuda", dtype)

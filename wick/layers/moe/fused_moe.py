@@ -19,7 +19,7 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
-from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf
+from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf, packs_experts
 from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import QuantizationConfig, current_quantization
 from wick.layers.quantization.gguf import GGUFWeight, as_dense
@@ -125,13 +125,12 @@ class FusedMoE(nn.Module):
         qtype = None if config is None else config.expert_type()
         if qtype is None:
             return None
-        block = GGML_QUANT_SIZES[qtype][0]
         dtype = str(self.params_dtype).removeprefix("torch.")
         if qtype not in PACKED_EXPERT_TYPES:
-            _warn_once(f"MoE experts stay in {dtype}: only Q4_K and Q6_K experts have kernels, not {qtype.name}")
+            _warn_once(f"MoE experts stay in {dtype}: only Q4_K, Q6_K and Q8_0 experts have kernels, not {qtype.name}")
             return None
-        if self.hidden_size % block or self.intermediate_size % block:
-            _warn_once(f"MoE experts stay in {dtype}: {qtype.name} needs rows of whole {block}-value blocks, and "
+        if not (packs_experts(qtype, self.hidden_size) and packs_experts(qtype, self.intermediate_size)):
+            _warn_once(f"MoE experts stay in {dtype}: packed experts need rows of whole 256-value groups, and "
                        f"their rows are {self.hidden_size} and {self.intermediate_size} (on this rank) wide")
             return None
         return qtype
@@ -174,7 +173,7 @@ class FusedMoE(nn.Module):
         if param.numel() == 0:  # this tensor's first expert
             # a rank's columns of a down projection must start and end on block boundaries to stay packed
             aligned = kind != "down" or (start % loaded.block_size == 0 and i % loaded.block_size == 0)
-            if loaded.qtype in PACKED_EXPERT_TYPES and aligned:
+            if packs_experts(loaded.qtype, columns) and aligned:
                 row_bytes = (loaded.columns(start, i) if kind == "down" else loaded).data.shape[1]
                 param.data = torch.empty(e, rows, row_bytes, dtype=torch.uint8, device=param.device)
                 self.packed[name] = PackedExperts(param.data, loaded.qtype, columns, self.params_dtype)

@@ -2,7 +2,7 @@
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
 one GGUF type, about the file's size instead of bf16's. On a GPU, up to EXPERT_GEMV_MAX_PAIRS (token, expert)
-pairs (decode) run the int8 GEMVs of Q4_K and Q6_K, each pair's expert chosen inside the kernel; more pairs run
+pairs (decode) run the int8 GEMVs of Q4_K, Q6_K and Q8_0, each pair's expert chosen inside the kernel; more pairs run
 the tile kernel over the pairs sorted by expert (each expert's blocks read once a tile of its pairs). On the CPU
 the reference decodes each expert a token chose as it meets it.
 """
@@ -23,7 +23,13 @@ EXPERT_GEMV_MAX_PAIRS = 128
 # The GGUF types whose experts stay packed: those the GEMVs and the tile kernel read. A file's experts
 # of other types load as floats, as a layer's whose down projection splits off block boundaries under tensor
 # parallelism.
-PACKED_EXPERT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K})
+PACKED_EXPERT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0})
+
+
+def packs_experts(qtype: GGMLQuantizationType, columns: int) -> bool:
+    """Whether experts of `qtype` over rows of `columns` values stay packed: a type the kernels read, in rows of
+    whole 256-value groups (a K-quant's super-blocks; eight Q8_0 blocks)."""
+    return qtype in PACKED_EXPERT_TYPES and columns % 256 == 0
 
 
 @dataclass
