@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
+from wick.kernels import gguf_matmul as gguf_matmul_module
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.gguf_int8_gemv import runs_int8_gemv
 from wick.kernels.gguf_matmul import (
@@ -17,7 +18,6 @@ from wick.kernels.gguf_matmul import (
     gguf_dequantize,
     gguf_matmul,
 )
-from wick.kernels.gguf_tiles import TILE_MAX_ROWS
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import dequantize
 
@@ -70,8 +70,8 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q6_K, 1)],
-                         ids=["q4_k", "q6_k"])
+@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q6_K, 1),
+                                               (GGMLQuantizationType.Q8_0, 1)], ids=["q4_k", "q6_k", "q8_0"])
 def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationType, offset: int) -> None:
     n, k = 8, 256
     weight = random_gguf(qtype, n, k, seed=8)
@@ -158,14 +158,18 @@ Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQua
         "q4_k_split_3", "q4_k_split_one_step_each", "q4_k_largest_tile", "q6_k_default", "q6_k_step_128",
         "q6_k_step_256_ragged_n", "q6_k_split_3", "q6_k_largest_tile", "q8_0_default", "q8_0_step_64",
         "q8_0_step_256_ragged_n", "q8_0_split_3", "q8_0_largest_tile"])
-def test_tile_kernel(qtype: GGMLQuantizationType, rows: int, n: int, k: int,
+def test_tile_kernel(monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationType, rows: int, n: int, k: int,
                      config: tuple[int, int, int, int, int] | None, split_k: int | None) -> None:
+    calls = []
+    tile_matmul = gguf_matmul_module.tile_matmul
+    monkeypatch.setattr(gguf_matmul_module, "tile_matmul", lambda *args: calls.append(1) or tile_matmul(*args))
     weight = random_gguf(qtype, n, k, seed=13)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(8)).to(DEVICE)
     expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
     for _ in range(2):  # the second call meets the arrival counts the first left
         out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k), tile_config=config, split_k=split_k,
-                          tile_max_rows=TILE_MAX_ROWS[qtype])
+                          tile_max_rows=256)
         assert out.shape == (rows, n)
         torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    assert len(calls) == 2  # the tile kernel ran, not W decoded whole
     assert not arrival_counts(torch.device(DEVICE)).any()

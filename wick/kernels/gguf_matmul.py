@@ -3,7 +3,7 @@
 For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
 owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
 step and reducing it against a row of x. Q4_K, Q6_K and Q8_0 have GEMVs of their own on x rounded to int8
-(gguf_int8_gemv.py). From 9 to TILE_MAX_ROWS rows they run the tile kernel of gguf_tiles.py, their bytes
+(gguf_int8_gemv.py). From 9 to TILE_MAX_ROWS rows Q4_K and Q6_K run the tile kernel of gguf_tiles.py, their bytes
 read once a tile of rows. Otherwise (prefill, other types, layers small enough that their decoded copy stays in
 the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The decoding of every type follows
 wick/loader/gguf_dequant.py, which is the reference in the tests.
@@ -196,8 +196,8 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
     gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the int8 GEMV and
     split_k its splits of K (of either kernel); tile_config: (BLOCK_M, BLOCK_N, K_STEP, warps, stages) of the
-    tile kernel (Q4_K, Q6_K) and tile_max_rows the most rows it takes; for benchmarks and tests, None picks them (no
-    rows where W dequantized stays in the L2 cache)."""
+    tile kernel (Q4_K, Q6_K, Q8_0) and tile_max_rows the most rows it takes; for benchmarks and tests, None picks
+    them (no rows where W dequantized stays in the L2 cache)."""
     n, k = shape
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     x2 = x.reshape(-1, k)

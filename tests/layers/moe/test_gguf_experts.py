@@ -84,12 +84,14 @@ def test_bfloat16_packed_experts_decode_into_the_models_dtype() -> None:
     torch.testing.assert_close(out, dense(x, logits))
 
 
-def test_a_down_projection_split_off_block_boundaries_loads_as_floats(monkeypatch: pytest.MonkeyPatch) -> None:
-    # two ranks: each holds 128 of the 256 intermediate columns, half a Q4_K block
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q8_0], ids=lambda t: t.name)
+def test_a_down_projection_split_off_256_value_groups_loads_as_floats(monkeypatch: pytest.MonkeyPatch,
+                                                                     qtype: GGMLQuantizationType) -> None:
+    # two ranks: each holds 128 of the 256 intermediate columns, half a Q4_K block, four Q8_0 blocks
     monkeypatch.setattr("wick.layers.moe.fused_moe.tp_world_size", lambda: 2)
     monkeypatch.setattr("wick.layers.moe.fused_moe.tp_rank", lambda: 1)
     monkeypatch.setattr("wick.layers.moe.fused_moe.tp_all_reduce", lambda out: out)
-    packed, dense = _pair(T.Q4_K, T.Q4_K, "cpu")
+    packed, dense = _pair(qtype, qtype, "cpu")
     assert not packed.packed and packed.w2_weight.shape == dense.w2_weight.shape
     x, logits = _inputs(3, "cpu", torch.float32)
     torch.testing.assert_close(packed(x, logits), dense(x, logits))
@@ -111,7 +113,8 @@ def test_experts_of_two_types_in_one_tensor_are_refused() -> None:
     (T.Q4_K, T.Q6_K, 1, None), (T.Q4_K, T.Q6_K, 3, "gemv"), (T.Q4_K, T.Q4_K, 3, "tiles"),
     (T.Q4_K, T.Q6_K, 3, "tiles"), (T.Q4_K, T.Q4_K, 70, None), (T.Q4_K, T.Q6_K, 70, None), (T.Q4_K, T.Q4_K, 300, None),
     (T.Q4_K, T.Q6_K, 300, None), (T.Q4_K, T.Q6_K, 1100, None), (T.Q4_K, T.Q6_K, 40, "decoded"),
-    (T.Q6_K, T.Q6_K, 300, None), (T.Q8_0, T.Q8_0, 3, None), (T.Q8_0, T.Q8_0, 300, None)])
+    (T.Q6_K, T.Q6_K, 300, None), (T.Q8_0, T.Q8_0, 3, "gemv"), (T.Q8_0, T.Q8_0, 3, "tiles"),
+    (T.Q8_0, T.Q8_0, 300, "tiles")])
 def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantizationType, tokens: int,
                             path: str | None, dtype: torch.dtype) -> None:
     packed, dense = _pair(qtype, down_type, "cuda", dtype)
