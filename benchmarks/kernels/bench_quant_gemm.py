@@ -1,7 +1,7 @@
 """GGUF weights against many rows of x (prefill, larger decode batches) at Llama-3.1-8B's linear layers, ms for
 the four, each row count: bf16's x @ W^T, W dequantized whole for cuBLAS, and gguf_matmul as the layer runs it
-(for Q4_K, Q6_K and Q8_0 the tile kernel up to TILE_MAX_ROWS rows). `--sweep` also times every tile shape of SWEEP and
-prints the best.
+(for Q4_K and Q6_K the tile kernel up to TILE_MAX_ROWS rows). `--sweep` also times every tile shape of SWEEP
+(forced, for every row count) and prints the best.
 
     python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K|Q6_K|Q8_0] [--rows 16 64 256 2048 8192] [--sweep]
 """

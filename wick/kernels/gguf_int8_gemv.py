@@ -233,11 +233,11 @@ def gguf_expert_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizatio
 def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
     """(kernel, default config, bytes of its unit of row stride, whether it takes x's run sums) of the int8 GEMV
     that runs `data`, or None."""
-    if qtype == T.Q4_K and q4_k_words_ok(data):
+    if qtype == T.Q4_K and _rows_aligned(data, 4):
         return _q4_k_q8_gemv_kernel, Q4_K_GEMV_CONFIG, 4, True
-    if qtype == T.Q6_K and _halves_ok(data):
+    if qtype == T.Q6_K and _rows_aligned(data, 2):
         return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False
-    if qtype == T.Q8_0 and _halves_ok(data) and data.shape[-1] % (8 * 34) == 0:  # rows of whole 256-column groups
+    if qtype == T.Q8_0 and _rows_aligned(data, 2) and data.shape[-1] % (8 * 34) == 0:  # whole 256-column groups
         return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True
     return None
 
@@ -247,11 +247,7 @@ def runs_int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
     return _int8_gemv(qtype, data) is not None
 
 
-def _halves_ok(data: torch.Tensor) -> bool:
-    """Whether rows can be read as 16-bit halves (rows and their start 2-byte aligned)."""
-    return data.stride(-1) == 1 and data.stride(0) % 2 == 0 and data.data_ptr() % 2 == 0
-
-
-def q4_k_words_ok(data: torch.Tensor) -> bool:
-    """Whether Q4_K rows can be read as int32 words (rows and their start 4-byte aligned)."""
-    return data.stride(-1) == 1 and data.stride(0) % 4 == 0 and data.data_ptr() % 4 == 0
+def _rows_aligned(data: torch.Tensor, unit: int) -> bool:
+    """Whether rows can be read in units of `unit` bytes (16-bit halves, int32 words): contiguous rows that, and
+    their start, are `unit`-byte aligned."""
+    return data.stride(-1) == 1 and data.stride(0) % unit == 0 and data.data_ptr() % unit == 0

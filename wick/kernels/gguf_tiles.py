@@ -38,8 +38,9 @@ TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, in
         (1 << 62, (128, 64, 128, 4, 3)),
     ],
 }
+# Q8_0's dense layers take no tiles unless forced (tile_max_rows); its tiles then take Q6_K's shapes.
 TILE_CONFIGS[T.Q8_0] = TILE_CONFIGS[T.Q6_K]
-# The same over (token, expert) pairs sorted by expert, by the pairs an expert gets on average, for both types (an
+# The same over (token, expert) pairs sorted by expert, by the pairs an expert gets on average, for every type (an
 # MoE layer's two GEMMs share one layout of sorted pairs). A row tile that holds all of an expert's pairs decodes
 # its blocks once: at 16 pairs an expert on average 64-row tiles took 514 us against 693 with 128 rows and more
 # with 16, at 128 the 128-row tile with 4 warps 1,072 against 1,468 with 8 (Qwen3-30B-A3B's experts, Q4_K gate/up

@@ -171,9 +171,8 @@ class FusedMoE(nn.Module):
         e, i, start = self.spec.num_experts, self.intermediate_size, self.tp_rank * self.intermediate_size
         name, rows, columns = ("w2", self.hidden_size, i) if kind == "down" else ("w13", 2 * i, self.hidden_size)
         if param.numel() == 0:  # this tensor's first expert
-            # a rank's columns of a down projection must start and end on block boundaries to stay packed
-            aligned = kind != "down" or (start % loaded.block_size == 0 and i % loaded.block_size == 0)
-            if packs_experts(loaded.qtype, columns) and aligned:
+            # a rank's columns of a down projection (columns = i, from rank * i) stay packed in whole 256-value groups
+            if packs_experts(loaded.qtype, columns):
                 row_bytes = (loaded.columns(start, i) if kind == "down" else loaded).data.shape[1]
                 param.data = torch.empty(e, rows, row_bytes, dtype=torch.uint8, device=param.device)
                 self.packed[name] = PackedExperts(param.data, loaded.qtype, columns, self.params_dtype)
