@@ -11,10 +11,13 @@ model's layers each read their own experts; with R = 1 the same experts are read
 the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB). `--layers L`: the
 experts of L layers, call r reading layer r % L's, as a model spreads its experts over its layers' tensors.
 `--gguf Q4_K`: also the same routings over experts packed in that GGUF type (fused_experts_gguf), against bf16.
+`--fp8`: also the same routings over fp8 experts, scaled over 128 x 128 blocks (FP8 checkpoints) and one scale a
+row (`-q fp8`), against bf16; with `--sweep`, every tile shape over the block-scaled ones too.
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
     python -m benchmarks.kernels.bench_fused_moe --tokens 1 4 8 --skip-reference --rotate 8 --layers 8 --gguf Q4_K
+    python -m benchmarks.kernels.bench_fused_moe --tokens 1 16 256 2048 --skip-reference --layers 8 --fp8
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from gguf import GGMLQuantizationType
 from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
-from wick.kernels.fused_moe import fused_experts, moe_config
+from wick.kernels.fused_moe import WeightScales, fused_experts, moe_config
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
@@ -64,6 +67,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=1, help="layers of experts the calls take in turn")
     parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q6_K, Q8_0)")
     parser.add_argument("--gguf-down", default=None, help="with --gguf: the down projections' type (default its)")
+    parser.add_argument("--fp8", action="store_true", help="also time fp8 experts (block-scaled and per-row)")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
@@ -75,14 +79,17 @@ def main() -> None:
     print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
           f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     if args.sweep:
-        sweep(args.tokens, w13, w2, e, k, h, dtype, args.json, args.rotate)
+        sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
+        if args.fp8:
+            print("fp8 experts, 128 x 128 scale blocks:")
+            sweep(args.tokens, fp8_layers(w13, w2, (128, 128), (128, 128)), e, k, h, dtype, None, args.rotate)
     print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts")
     print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
         routes = routings(tokens, e, k, args.rotate)
         weights, ids = routes[0]
-        ms = time_ms(x, w13, w2, routes, None)
+        ms = time_ms(x, (w13, w2, None, None), routes, None)
         ref = float("nan")
         if not args.skip_reference:
             ref = do_bench(lambda x=x, weights=weights, ids=ids: fused_experts_ref(x, w13[0], w2[0], weights, ids))
@@ -95,6 +102,39 @@ def main() -> None:
     if args.gguf:
         time_packed(args, GGMLQuantizationType[args.gguf], GGMLQuantizationType[args.gguf_down or args.gguf], dtype,
                     bandwidth, w13, w2)
+    if args.fp8:
+        time_fp8(args, dtype, bandwidth, w13, w2)
+
+
+def fp8_layers(w13: torch.Tensor, w2: torch.Tensor, block13: tuple[int, int], block2: tuple[int, int]
+               ) -> tuple[torch.Tensor, torch.Tensor, WeightScales, WeightScales]:
+    """w13, w2 [layers, E, N, K] in e4m3 with scales of 1 over block tiles."""
+
+    def scales(w: torch.Tensor, block: tuple[int, int]) -> WeightScales:
+        layers, experts, n, k = w.shape
+        shape = (layers, experts, -(-n // block[0]), -(-k // block[1]))
+        return torch.ones(shape, dtype=torch.float32, device=w.device), block
+
+    return (w13.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn), scales(w13, block13), scales(w2, block2))
+
+
+def time_fp8(args: argparse.Namespace, dtype: torch.dtype, bandwidth: float, w13: torch.Tensor,
+             w2: torch.Tensor) -> None:
+    """fp8 experts, block-scaled and per-row, against the bf16 kernel, same routings, same layers."""
+    h, i = args.hidden_size, args.intermediate_size
+    kinds = {"block 128": fp8_layers(w13, w2, (128, 128), (128, 128)), "per row": fp8_layers(w13, w2, (1, h), (1, i))}
+    expert_bytes = 3 * h * i
+    print(f"fp8 experts ({expert_bytes / 1e6:.2f} MB an expert), {args.layers} layer(s) in turn")
+    print(f"tokens | bf16 us | {' us | '.join(kinds)} us | block vs bf16 | row vs bf16 | GB/s of the fp8 bytes hit "
+          "(block) | % of bandwidth")
+    for tokens in args.tokens:
+        x = torch.randn(tokens, h, dtype=dtype, device="cuda")
+        routes = routings(tokens, args.experts, args.top_k, args.rotate)
+        bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        times = [time_ms(x, layers, routes, None) for layers in kinds.values()]
+        read = routes[0][1].unique().numel() * expert_bytes / (times[0] / 1e3)
+        print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
+              f"{bf16_ms / times[0]:.2f}x | {bf16_ms / times[1]:.2f}x | {read / 1e9:.0f} | {read / bandwidth:.0%}")
 
 
 def _random_packed(experts: int, rows: int, columns: int, qtype: GGMLQuantizationType,
@@ -127,7 +167,7 @@ def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, down_type
         for path in (*paths, None):
             run(path)
             times.append(do_bench_cudagraph(partial(run, path)) / len(routes))
-        bf16_ms = time_ms(x, w13, w2, routes, None)
+        bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
         picked = times[-1]
         read = routes[0][1].unique().numel() * expert_bytes / (picked / 1e3)
         print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
@@ -145,21 +185,26 @@ def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[t
     return routes
 
 
-def time_ms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, routes: list[tuple[torch.Tensor, torch.Tensor]],
+def time_ms(x: torch.Tensor, layers: tuple, routes: list[tuple[torch.Tensor, torch.Tensor]],
             config: tuple[int, int, int, int, int] | None) -> float:
-    """Milliseconds a call, in a CUDA graph of one call per routing; w13, w2 [layers, ...]: call r reads layer
-    r % layers."""
+    """Milliseconds a call, in a CUDA graph of one call per routing; layers (w13, w2 [layers, ...], and their scales
+    or None): call r reads layer r % layers."""
+    w13, w2, s13, s2 = layers
+
+    def at(scales: WeightScales | None, layer: int) -> WeightScales | None:
+        return None if scales is None else (scales[0][layer], scales[1])
 
     def run() -> None:
         for r, (weights, ids) in enumerate(routes):
-            fused_experts(x, w13[r % w13.shape[0]], w2[r % w2.shape[0]], weights, ids, config)
+            layer = r % w13.shape[0]
+            fused_experts(x, w13[layer], w2[layer], weights, ids, config, at(s13, layer), at(s2, layer))
 
     run()
     return do_bench_cudagraph(run) / len(routes)
 
 
-def sweep(token_counts: list[int], w13: torch.Tensor, w2: torch.Tensor, experts: int, top_k: int, hidden: int,
-          dtype: torch.dtype, json_path: str | None, groups: int) -> None:
+def sweep(token_counts: list[int], layers: tuple, experts: int, top_k: int, hidden: int, dtype: torch.dtype,
+          json_path: str | None, groups: int) -> None:
     """Every config of SWEEP at every token count: the default's and the best's microseconds."""
     results = {}
     for tokens in token_counts:
@@ -168,7 +213,7 @@ def sweep(token_counts: list[int], w13: torch.Tensor, w2: torch.Tensor, experts:
         timings = {}
         for config in SWEEP["small" if tokens * top_k <= 512 else "large"] + [moe_config(tokens * top_k, dtype)]:
             try:
-                timings[str(config)] = time_ms(x, w13, w2, routes, config) * 1e3
+                timings[str(config)] = time_ms(x, layers, routes, config) * 1e3
             except Exception as error:  # a tile too large for the shared memory
                 print(f"{tokens} tokens {config}: {type(error).__name__}")
         default = str(moe_config(tokens * top_k, dtype))

@@ -1,5 +1,6 @@
 """The fused MoE kernel against the torch reference: decode and prefill sizes, experts left without tokens,
-sizes that are not multiples of the tiles; moe_align's layout; each token's top-k rows summed (weighted)."""
+sizes that are not multiples of the tiles, fp8 experts with each kind of scales; moe_align's layout; each token's
+top-k rows summed (weighted)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from wick.kernels import fused_moe
 from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
+from wick.layers.moe.fp8_experts import Fp8Experts
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
 
@@ -65,6 +67,33 @@ def test_moe_align_layout() -> None:
         assert members and all(flat[p] == block_expert[block] for p in members)
 
 
+def to_fp8(w: torch.Tensor, block: tuple[int, int], dtype: torch.dtype) -> Fp8Experts:
+    """w [E, N, K] in e4m3 with random scales over block tiles (a scale tile per shard: (I, K) for w13's gate and
+    up)."""
+    g = torch.Generator().manual_seed(w.shape[1])
+    experts, n, k = w.shape
+    scale = torch.rand(experts, -(-n // block[0]), -(-k // block[1]), generator=g) * 1e-2 + 1e-3
+    data = (w.float().cpu() * 40).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return Fp8Experts(data.to(w.device), scale.to(w.device), block, dtype)
+
+
+# (w13 block, w2 block) over hidden 160, intermediate 64: 128 x 128 tiles (partial ones at the edges), 32 x 32
+# (BLOCK_K lowered to divide them), a scale a row, a scale a matrix (gate's, up's, down's)
+FP8_BLOCKS = {"block128": ((128, 128), (128, 128)), "block32": ((32, 32), (32, 32)),
+              "per_row": ((1, 160), (1, 64)), "per_tensor": ((64, 160), (160, 64))}
+
+
+@pytest.mark.parametrize("blocks", FP8_BLOCKS.values(), ids=FP8_BLOCKS.keys())
+@pytest.mark.parametrize("num_tokens", [3, 40])
+def test_fp8_experts_match_reference(blocks: tuple[tuple[int, int], tuple[int, int]], num_tokens: int) -> None:
+    """fp8 experts against the reference over the same experts converted; 3 tokens a tile a pair, 40 sorted."""
+    x, w13, w2, weights, ids = make_case(num_tokens, 6, 2, hidden=160, inter=64, dtype=torch.float32)
+    f13, f2 = to_fp8(w13, blocks[0], x.dtype), to_fp8(w2, blocks[1], x.dtype)
+    expected = fused_experts_ref(x, f13, f2, weights, ids)
+    out = fused_experts(x, f13.data, f2.data, weights, ids, w13_scales=f13.scales, w2_scales=f2.scales)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 def test_sum_pairs(weighted: bool) -> None:
     g = torch.Generator().manual_seed(4)
@@ -86,6 +115,19 @@ def test_qwen3_moe_shapes_bf16_cuda(num_tokens: int) -> None:
     x, w13, w2, weights, ids = case
     expected = fused_experts_ref(x.float(), w13.float(), w2.float(), weights, ids)
     torch.testing.assert_close(fused_experts(*case).float(), expected, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("num_tokens", [1, 7, 256, 2048])
+@pytest.mark.parametrize("block", [(128, 128), None], ids=["block128", "per_row"])
+def test_qwen3_moe_shapes_fp8_cuda(num_tokens: int, block: tuple[int, int] | None) -> None:
+    x, w13, w2, weights, ids = make_case(num_tokens, 128, 8, hidden=2048, inter=768, dtype=torch.bfloat16,
+                                         device="cuda")
+    f13, f2 = to_fp8(w13, block or (1, 2048), x.dtype), to_fp8(w2, block or (1, 768), x.dtype)
+    expected = fused_experts_ref(x.float(), f13.dequantize_all().float(), f2.dequantize_all().float(), weights, ids)
+    out = fused_experts(x, f13.data, f2.data, weights, ids, w13_scales=f13.scales, w2_scales=f2.scales)
+    torch.testing.assert_close(out.float(), expected, atol=3e-2 * expected.abs().max().item(), rtol=3e-2)
 
 
 @pytest.mark.gpu

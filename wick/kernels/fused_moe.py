@@ -7,6 +7,11 @@ columns together from w13 and writes silu(gate) * up; the second multiplies by w
 weight. The top-k partial outputs of each token are then summed by a third kernel (torch's sum over the
 middle dim took 4.6 us at one token on an H100). Accumulation is in fp32.
 
+Experts in fp8 (e4m3, W8A16) carry float32 scales over [SCALE_N, SCALE_K] tiles of each expert's matrix (128 x 128
+as FP8 checkpoints ship them, one a row for in-situ fp8, one a shard for per-tensor checkpoints): a tile of B is
+converted to the activations' dtype in registers (exactly: e4m3 fits in bf16) and each BLOCK_K step's product
+takes its columns' scales, or, where one scale covers a whole row of K, the sum takes them once.
+
 The grid is sized by an upper bound on the padded row count (pairs / BLOCK_M + min(pairs, experts)
 tiles); tiles past the real count return at once, so the launch depends on the shapes only. With few
 pairs (decode) each pair gets a tile of its own instead and nothing is sorted.
@@ -18,18 +23,39 @@ import torch
 import triton
 import triton.language as tl
 
+# The float32 scales of fp8 experts [E, N, K]: (scale [E, ceil(N / block[0]), ceil(K / block[1])], block), each over a
+# block[0] x block[1] tile of an expert's matrix.
+WeightScales = tuple[torch.Tensor, tuple[int, int]]
+
+
+@triton.jit
+def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, stride_sn, stride_sk, dtype,
+            SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, PER_STEP: tl.constexpr):
+    """B's [BLOCK_K, BLOCK_N] tile of rows `rows` in `dtype`, and the scale of each of its rows for this step (1
+    unless PER_STEP)."""
+    b = tl.load(b_base + rows[None, :] * stride_bn + ks[:, None] * stride_bk, mask=k_ok[:, None] & row_ok[None, :],
+                other=0.0).to(dtype)
+    if PER_STEP:
+        scale = tl.load(s_base + (rows // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk, mask=row_ok, other=0.0)
+    else:
+        scale = 1.0
+    return b, scale
+
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr,
+    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr,
     N, K, num_pairs,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_se, stride_sn, stride_sk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, DIRECT: tl.constexpr,
+    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """C[pair, n] = (A[pair // A_ROW_DIV] @ B[expert].T)[n]: GATED reads columns n and N + n of B (gate and
     up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
-    holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted)."""
+    holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted). SCALING "row" or
+    "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
+    BLOCK_K step ("step": BLOCK_K divides SCALE_K)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if DIRECT:
@@ -45,6 +71,7 @@ def _moe_gemm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     b_base = b_ptr + expert * stride_be
+    s_base = s_ptr + expert * stride_se
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -53,13 +80,23 @@ def _moe_gemm_kernel(
         k_ok = ks < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak,
                     mask=valid[:, None] & k_ok[None, :], other=0.0)
-        b_mask = k_ok[:, None] & col_ok[None, :]
-        b = tl.load(b_base + cols[None, :] * stride_bn + ks[:, None] * stride_bk, mask=b_mask, other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        b, scale = _b_tile(b_base, cols, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, stride_sn, stride_sk,
+                           a.dtype, SCALE_N, SCALE_K, SCALING == "step")
+        if SCALING == "step":
+            acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale[None, :]
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
-            b_up = tl.load(b_base + (cols + N)[None, :] * stride_bn + ks[:, None] * stride_bk, mask=b_mask,
-                           other=0.0)
-            acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
+            b_up, scale_up = _b_tile(b_base, cols + N, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, stride_sn,
+                                     stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step")
+            if SCALING == "step":
+                acc_up += tl.dot(a, b_up, input_precision=DOT_PRECISION) * scale_up[None, :]
+            else:
+                acc_up = tl.dot(a, b_up, acc_up, input_precision=DOT_PRECISION)
+    if SCALING == "row":
+        acc *= tl.load(s_base + (cols // SCALE_N) * stride_sn, mask=col_ok, other=0.0)[None, :]
+        if GATED:
+            acc_up *= tl.load(s_base + ((cols + N) // SCALE_N) * stride_sn, mask=col_ok, other=0.0)[None, :]
     if GATED:
         acc = acc * tl.sigmoid(acc) * acc_up
     if MUL_WEIGHT:
@@ -146,46 +183,59 @@ def moe_config(num_pairs: int, dtype: torch.dtype) -> tuple[int, int, int, int, 
     return config
 
 
+def _scaling(scales: WeightScales | None, k: int, block_k: int) -> tuple[str, int, int, int]:
+    """(SCALING, SCALE_N, SCALE_K, BLOCK_K) for a GEMM over K = k with these scales."""
+    if scales is None:
+        return "none", 1, 1, block_k
+    scale_n, scale_k = scales[1]
+    if scale_k >= k:
+        return "row", scale_n, scale_k, block_k
+    return "step", scale_n, scale_k, min(block_k, scale_k & -scale_k)  # BLOCK_K divides SCALE_K
+
+
+def _moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | None, out: torch.Tensor, weights: torch.Tensor,
+              layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_pairs: int, a_row_div: int, gated: bool,
+              direct: bool, config: tuple[int, int, int, int, int]) -> None:
+    block_m, block_n, block_k, warps, stages = config
+    n, k = out.shape[1], b.shape[2]
+    scaling, scale_n, scale_k, block_k = _scaling(scales, k, block_k)
+    s = scales[0] if scales is not None else weights
+    s_strides = (s.stride(0), s.stride(1), s.stride(2)) if scales is not None else (0, 0, 0)
+    sorted_ids, block_expert, num_padded = layout
+    _moe_gemm_kernel[(block_expert.shape[0], triton.cdiv(n, block_n))](
+        a, b, out, weights, sorted_ids, block_expert, num_padded, s,
+        n, k, num_pairs,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1), *s_strides,
+        A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=not gated, DIRECT=direct,
+        SCALING=scaling, SCALE_N=scale_n, SCALE_K=scale_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
+    )
+
+
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+                  topk_ids: torch.Tensor, config: tuple[int, int, int, int, int] | None = None,
+                  w13_scales: WeightScales | None = None, w2_scales: WeightScales | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (fp32),
     topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype.
-    config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS."""
+    config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS. w13 and w2 in fp8 take their
+    scales (a scale tile of w13 lies within its gate rows or its up rows)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = w13.shape
-    inter = two_i // 2
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.zeros_like(x)
-    block_m, block_n, block_k, warps, stages = config or moe_config(num_pairs, x.dtype)
+    config = config or moe_config(num_pairs, x.dtype)
     direct = num_pairs <= DIRECT_MAX_PAIRS
     if direct:  # tile i is pair i: its expert is topk_ids' element i (the kernel reads no sorted ids or count)
-        block_expert = topk_ids.flatten()
-        sorted_ids = num_padded = block_expert
+        ids = topk_ids.flatten()
+        layout = (ids, ids, ids)
     else:
-        sorted_ids, block_expert, num_padded = moe_align(topk_ids, num_experts, block_m)
-    num_blocks = block_expert.shape[0]
-    precision = "ieee" if x.dtype == torch.float32 else "tf32"
+        layout = moe_align(topk_ids, num_experts, config[0])
     weights = topk_weights.to(torch.float32).contiguous()
-    hidden_mid = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
-    _moe_gemm_kernel[(num_blocks, triton.cdiv(inter, block_n))](
-        x, w13, hidden_mid, weights, sorted_ids, block_expert, num_padded,
-        inter, hidden, num_pairs,
-        x.stride(0), x.stride(1), w13.stride(0), w13.stride(1), w13.stride(2),
-        hidden_mid.stride(0), hidden_mid.stride(1),
-        A_ROW_DIV=top_k, GATED=True, MUL_WEIGHT=False, DIRECT=direct,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision,
-        num_warps=warps, num_stages=stages,
-    )
+    hidden_mid = torch.empty(num_pairs, two_i // 2, dtype=x.dtype, device=x.device)
+    _moe_gemm(x, w13, w13_scales, hidden_mid, weights, layout, num_pairs, top_k, True, direct, config)
     out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
-    _moe_gemm_kernel[(num_blocks, triton.cdiv(hidden, block_n))](
-        hidden_mid, w2, out, weights, sorted_ids, block_expert, num_padded,
-        hidden, inter, num_pairs,
-        hidden_mid.stride(0), hidden_mid.stride(1), w2.stride(0), w2.stride(1), w2.stride(2),
-        out.stride(0), out.stride(1),
-        A_ROW_DIV=1, GATED=False, MUL_WEIGHT=True, DIRECT=direct,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_PRECISION=precision,
-        num_warps=warps, num_stages=stages,
-    )
+    _moe_gemm(hidden_mid, w2, w2_scales, out, weights, layout, num_pairs, 1, False, direct, config)
     return sum_pairs(out, top_k)

@@ -37,8 +37,10 @@ STACKED_PARAMS: dict[str, tuple[str, Any]] = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
-# one expert's matrix on disk: experts.{e}.{gate_proj|up_proj|down_proj} (Mixtral: w1, w3, w2)
-_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+# one expert's matrix on disk: experts.{e}.{gate_proj|up_proj|down_proj} (Mixtral: w1, w3, w2), and an FP8
+# checkpoint's scales of it
+_EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\."
+                     r"(weight|weight_scale_inv|weight_scale|input_scale)$")
 _EXPERT_KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 # all experts stacked, as transformers 5 holds them: experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]
 _STACKED_EXPERTS = {"experts.gate_up_proj": ("w13_weight", "gate_up"), "experts.down_proj": ("w2_weight", "down")}
@@ -117,9 +119,9 @@ def _our_name(name: str, stacked_params: dict[str, tuple[str, Any]]) -> tuple[st
     """(our parameter name, the shard id its weight loader takes) of a checkpoint name."""
     match = _EXPERT.search(name)
     if match:
-        expert, proj = int(match.group(1)), match.group(2)
+        expert, proj, suffix = int(match.group(1)), match.group(2), match.group(3)
         kind = _EXPERT_KIND[proj]
-        ours = "w2_weight" if kind == "down" else "w13_weight"
+        ours = f"{'w2' if kind == 'down' else 'w13'}_{suffix}"
         return f"{name[:match.start()]}.experts.{ours}", (kind, expert)
     for suffix, (ours, kind) in _STACKED_EXPERTS.items():
         if name.endswith(suffix):

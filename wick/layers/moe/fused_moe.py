@@ -19,9 +19,11 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
+from wick.layers.moe.fp8_experts import Fp8Experts, Fp8ExpertWeights
 from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf, packs_experts
 from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import QuantizationConfig, current_quantization
+from wick.layers.quantization.fp8 import Fp8Config
 from wick.layers.quantization.gguf import GGUFWeight, as_dense
 from wick.layers.quantization.gguf_quantize import quantize
 
@@ -37,7 +39,8 @@ def _warn_once(message: str) -> None:
 
 
 def fused_experts_ref(
-    x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: torch.Tensor | PackedExperts, topk_weights: torch.Tensor,
+    x: torch.Tensor, w13: torch.Tensor | PackedExperts | Fp8Experts, w2: torch.Tensor | PackedExperts | Fp8Experts,
+    topk_weights: torch.Tensor,
     topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """sum_k weight_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's chosen experts e = ids_k."""
@@ -98,12 +101,16 @@ class FusedMoE(nn.Module):
         self.params_dtype = torch.get_default_dtype()
         # A GGUF checkpoint's experts arrive packed: w13's and w2's buffers are made at their first expert's load,
         # packed (in `packed`) where their type has kernels, else as floats. In-situ quantization packs a float
-        # checkpoint's experts as each shard arrives.
+        # checkpoint's experts as each shard arrives. FP8 experts stay fp8 (`fp8`), a float checkpoint's quantized
+        # as they load.
         config = current_quantization()
         self.gguf = config is not None and config.packs_gguf()
         self.isq_type = self._in_situ_type(config)
         self.packed: dict[str, PackedExperts] = {}
-        if self.gguf:
+        self.fp8: Fp8ExpertWeights | None = None
+        if isinstance(config, Fp8Config):
+            self.fp8 = Fp8ExpertWeights(config, self)
+        elif self.gguf:
             self.w13_weight = nn.Parameter(torch.empty(0), requires_grad=False)
             self.w2_weight = nn.Parameter(torch.empty(0), requires_grad=False)
         elif self.isq_type is not None:
@@ -143,26 +150,45 @@ class FusedMoE(nn.Module):
         if isinstance(loaded, GGUFWeight):
             self._load_packed(param, loaded, kind, expert)
             return
-        packed = self.packed.get("w2" if kind == "down" else "w13") if self.isq_type is not None else None
+        name = "w2" if kind == "down" else "w13"
+        fp8_in_situ = self.fp8 is not None and self.fp8.config.in_situ
+        if self.fp8 is not None and not fp8_in_situ and loaded.dtype != torch.float8_e4m3fn:
+            raise ValueError(f"an FP8 checkpoint's expert weight ({kind}) is {loaded.dtype}, not float8_e4m3fn")
         for offset, rows, source in self._rank_shards(loaded, kind):
-            if packed is None:
+            if self.isq_type is None and not fp8_in_situ:
                 target = param.data if expert is None else param.data[expert]
                 target.narrow(-2, offset, rows).copy_(source)
                 continue
             for e, matrix in enumerate(source) if expert is None else ((expert, source),):
-                packed.data[e].narrow(0, offset, rows).copy_(quantize(matrix.to(packed.data.device), packed.qtype))
+                if fp8_in_situ:
+                    self.fp8.quantize(name, e, offset, rows, matrix)
+                else:
+                    packed = self.packed[name]
+                    packed.data[e].narrow(0, offset, rows).copy_(quantize(matrix.to(packed.data.device), packed.qtype))
 
-    def _rank_shards(self, loaded: torch.Tensor, kind: str) -> list[tuple[int, int, torch.Tensor]]:
+    def load_block_scales(self, block: tuple[int, int], param: nn.Parameter, loaded: torch.Tensor,
+                          shard_id: tuple[str, int | None]) -> None:
+        """The scales of fp8 experts over block[0] x block[1] tiles: this rank's tiles of `loaded`."""
+        kind, expert = shard_id
+        for offset, rows, source in self._rank_shards(loaded, kind, block):
+            target = param.data if expert is None else param.data[expert]
+            target.narrow(-2, offset, rows).copy_(source)
+
+    def _rank_shards(self, loaded: torch.Tensor, kind: str, block: tuple[int, int] = (1, 1)
+                     ) -> list[tuple[int, int, torch.Tensor]]:
         """(first row, rows, this rank's part of `loaded`) for each block of rows of w13 or w2 (of one expert or
-        of all) that a checkpoint tensor of `kind` fills."""
+        of all) that a checkpoint tensor of `kind` fills; with `block`, of their scales over block[0] x block[1]
+        tiles (the intermediate size on this rank and its start are whole tiles)."""
+        bn, bk = block
         i, start = self.intermediate_size, self.tp_rank * self.intermediate_size
         if kind == "down":
-            return [(0, self.hidden_size, loaded.narrow(-1, start, i))]
+            return [(0, loaded.shape[-2], loaded.narrow(-1, start // bk, -(-i // bk)))]
         if kind == "gate_up":
             full = loaded.shape[-2] // 2
-            return [(0, i, loaded.narrow(-2, start, i)), (i, i, loaded.narrow(-2, full + start, i))]
+            return [(0, i // bn, loaded.narrow(-2, start // bn, i // bn)),
+                    (i // bn, i // bn, loaded.narrow(-2, full + start // bn, i // bn))]
         if kind in ("gate", "up"):
-            return [(0 if kind == "gate" else i, i, loaded.narrow(-2, start, i))]
+            return [(0 if kind == "gate" else i // bn, i // bn, loaded.narrow(-2, start // bn, i // bn))]
         raise ValueError(f"unknown expert shard {kind!r}")
 
     def _load_packed(self, param: nn.Parameter, loaded: GGUFWeight, kind: str, expert: int | None) -> None:
@@ -191,7 +217,9 @@ class FusedMoE(nn.Module):
             packed.data[expert].narrow(0, 0 if kind == "gate" else i, i).copy_(loaded.rows(start, i).data)
 
     def initialize_dummy(self, generator: torch.Generator, low: float, high: float) -> None:
-        """Random packed experts for the dummy loader: floats uniform in [low, high], quantized."""
+        """Random packed or fp8 experts for the dummy loader: floats uniform in [low, high], quantized."""
+        if self.fp8 is not None:
+            self.fp8.initialize_dummy(generator, low, high)
         for packed in self.packed.values():
             experts, rows, columns = packed.shape
             for expert in range(experts):
@@ -199,7 +227,14 @@ class FusedMoE(nn.Module):
                 packed.data[expert].copy_(quantize(floats, packed.qtype))
 
     def process_weights_after_loading(self) -> None:
-        """Where only one of w13 and w2 stayed packed, it is decoded too: the kernels take both packed or neither."""
+        """Where only one of w13 and w2 stayed packed, it is decoded too: the kernels take both packed or neither.
+        FP8 experts on a GPU that cannot convert fp8 in its kernels are converted to the model's dtype."""
+        if self.fp8 is not None and self.w13_weight.is_cuda and torch.cuda.get_device_capability(
+                self.w13_weight.device) < (8, 9):
+            _warn_once("MoE experts converted from fp8 to the model's dtype: this GPU has no fp8 conversions")
+            self.w13_weight.data = self.fp8.experts["w13"].dequantize_all()
+            self.w2_weight.data = self.fp8.experts["w2"].dequantize_all()
+            self.fp8 = None
         if len(self.packed) == 1:
             name, packed = self.packed.popitem()
             getattr(self, f"{name}_weight").data = packed.dequantize_all()
@@ -219,13 +254,17 @@ class FusedMoE(nn.Module):
             weights, ids = select_experts(
                 router_logits, spec.top_k, spec.renormalize, spec.scoring, spec.num_expert_group, spec.topk_group,
                 spec.group_score, correction_bias, spec.routed_scaling_factor)
-        w13, w2 = (self.packed["w13"], self.packed["w2"]) if self.packed else (self.w13_weight, self.w2_weight)
+        experts = self.packed or (self.fp8.experts if self.fp8 is not None else {})
+        w13, w2 = (experts["w13"], experts["w2"]) if experts else (self.w13_weight, self.w2_weight)
         if x.is_cuda and self.packed:
             out = fused_experts_gguf(x, w13, w2, weights, ids)
         elif x.is_cuda:
             from wick.kernels.fused_moe import fused_experts
 
-            out = fused_experts(x, w13, w2, weights, ids)
+            if self.fp8 is not None:
+                out = fused_experts(x, w13.data, w2.data, weights, ids, w13_scales=w13.scales, w2_scales=w2.scales)
+            else:
+                out = fused_experts(x, w13, w2, weights, ids)
         else:
             out = fused_experts_ref(x, w13, w2, weights, ids)
         return tp_all_reduce(out)
