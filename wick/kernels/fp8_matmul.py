@@ -81,25 +81,52 @@ def _fp8_tile_kernel(
 
 @triton.jit
 def _fp8_gemv_kernel(
-    x_ptr, w_ptr, scale_ptr, out_ptr, N, K, stride_xm, stride_wn, stride_sn, stride_sk, stride_om,
+    x_ptr, w_ptr, scale_ptr, out_ptr, experts_ptr, N, K, stride_xm, stride_we, stride_wn, stride_se, stride_sn,
+    stride_sk, stride_om,
     BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUPS: tl.constexpr, X_ROW_DIV: tl.constexpr, EXPERTS: tl.constexpr,
 ):
-    """One row of x against BLOCK_N rows of W, BLOCK_K columns a step inside one scale tile: each row's
-    sum over the step takes its scale once."""
+    """Output row m against BLOCK_N rows of W, BLOCK_K columns a step: GROUPS scale tiles of BLOCK_K / GROUPS columns
+    each (a tile a step: each row's sum over the step takes its scale once; several: the sums of each tile's
+    columns take theirs). Row m reads row m // X_ROW_DIV of x; EXPERTS: W and the scales of expert experts[m] of
+    stacked [E, N, K] ones (MoE experts, a (token, expert) pair a row)."""
+    m = tl.program_id(0)
+    if EXPERTS:
+        expert = tl.load(experts_ptr + m).to(tl.int64)
+        w_ptr += expert * stride_we
+        scale_ptr += expert * stride_se
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     safe = tl.where(n_mask, rows, 0)
     ks = tl.arange(0, BLOCK_K)
-    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    x_row = x_ptr + (m // X_ROW_DIV).to(tl.int64) * stride_xm
+    scale_row = scale_ptr + (safe // BLOCK_SN) * stride_sn
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
         w = tl.load(w_ptr + safe.to(tl.int64)[:, None] * stride_wn + k[None, :], mask=k_mask[None, :], other=0.0)
         x = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
-        scale = tl.load(scale_ptr + (safe // BLOCK_SN) * stride_sn + (k0 // BLOCK_SK) * stride_sk)
-        acc += scale * tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+        if GROUPS == 1:
+            acc += tl.load(scale_row + (k0 // BLOCK_SK) * stride_sk) * tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        else:
+            sums = tl.sum(tl.reshape(w.to(tl.float32) * x[None, :], [BLOCK_N, GROUPS, BLOCK_K // GROUPS]), axis=2)
+            tiles = k0 // BLOCK_SK + tl.arange(0, GROUPS)
+            scale = tl.load(scale_row[:, None] + tiles[None, :] * stride_sk, mask=(tiles * BLOCK_SK < K)[None, :],
+                            other=0.0)
+            acc += tl.sum(sums * scale, axis=1)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def _gemv_steps(block: tuple[int, int], k: int, block_k: int) -> tuple[int, int] | None:
+    """(BLOCK_K, GROUPS) of the GEMV over K = k with scale tiles `block`: a step inside one scale tile, or over
+    GROUPS whole ones (power-of-two tiles); None if neither fits (the row kernel then scales each weight)."""
+    if block[1] >= k:
+        return block_k, 1
+    if block[1] & (block[1] - 1) == 0:
+        return (block_k, block_k // block[1]) if block_k >= block[1] else (block_k, 1)
+    block_k = min(block_k, 1 << (block[1].bit_length() - 1))
+    return (block_k, 1) if block[1] % block_k == 0 else None
 
 
 GEMV_MAX_ROWS = 8
@@ -143,13 +170,36 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
             return out.reshape(*x.shape[:-1], n)
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
-    if block[1] < k:
-        block_k = min(block_k, 1 << (block[1].bit_length() - 1))
-    if block[1] >= k or block[1] % block_k == 0:
+    steps = _gemv_steps(block, k, block_k)
+    if steps is not None:
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            *args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=block_k,
-            num_warps=warps)
+            x2, weight, scale, out, out, n, k, x2.stride(0), 0, weight.stride(0), 0, *strides[2:],
+            BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=steps[0], GROUPS=steps[1], X_ROW_DIV=1,
+            EXPERTS=False, num_warps=warps)
     else:
         _fp8_row_kernel[(m, triton.cdiv(n, 32))](*args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1],
                                                  BLOCK_N=32, BLOCK_K=128)
     return out.reshape(*x.shape[:-1], n)
+
+
+def runs_expert_gemv(block: tuple[int, int], k: int) -> bool:
+    """Whether fp8_expert_gemv takes experts over k columns with scale tiles `block`."""
+    return _gemv_steps(block, k, FP8_GEMV_CONFIG[1]) is not None
+
+
+def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+                    experts: torch.Tensor, x_row_div: int, gemv_config: tuple[int, int, int] | None = None
+                    ) -> torch.Tensor:
+    """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `weight` [E, N, K] in float8 with scales
+    [E, ceil(N / block[0]), ceil(K / block[1])], where runs_expert_gemv(block, K)."""
+    _, n, k = weight.shape
+    x2 = x.reshape(-1, k).contiguous()
+    out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
+    block_k, groups = _gemv_steps(block, k, block_k)
+    if out.shape[0]:
+        _fp8_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
+            x2, weight, scale, out, experts, n, k, x2.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
+            scale.stride(1), scale.stride(2), out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n,
+            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True, num_warps=warps)
+    return out

@@ -3,8 +3,10 @@
 An FP8 checkpoint's experts come with scales over 128 x 128 blocks (`weight_scale_inv`, as Qwen3-*-FP8 and
 DeepSeek-V3 ship them) or one scale an expert's matrix (`weight_scale`); a float checkpoint's are quantized as
 they load with `-q fp8`, one scale a row. On a GPU that converts fp8 in hardware (compute capability 8.9 or
-more) the fused MoE kernel reads them as held (W8A16); on an older GPU they are converted to the model's dtype
-at load, and the CPU reference converts each expert a token chose as it meets it.
+more) they are read as held (W8A16): up to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) by the fp8 GEMV,
+each pair's expert chosen inside it, past them by the fused MoE kernel's tiles over the pairs sorted by expert. On an
+older GPU they are converted to the model's dtype at load, and the CPU reference converts each expert a token chose
+as it meets it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,10 @@ from torch import nn
 from wick.kernels.fp8_matmul import fp8_dequantize
 from wick.layers.quantization.fp8 import FP8_MAX, Fp8Config, quantize_rows
 
+# (token, expert) pairs up to which the GEMVs run (each pair reads its expert's rows, k contiguous); past them the
+# tiles (tl.dot over the pairs sorted by expert). Qwen3-30B-A3B's experts on an H100: GEMVs 164 against tiles 220 us
+# at 128 pairs, 1,165 against 464 at 1,024 (benchmarks/kernels/bench_fused_moe.py --fp8).
+EXPERT_GEMV_MAX_PAIRS = 128
 # Where each expert's per-tensor scale goes in a [experts, 2 | 1, 1] scale: gate and up of w13, down of w2.
 _SHARD_INDEX = {"gate": 0, "up": 1, "down": 0}
 
@@ -119,3 +125,26 @@ def _load_shard_scale(param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple
     if expert is None or kind not in _SHARD_INDEX:
         raise ValueError(f"a per-tensor fp8 scale of experts stacked as {kind!r} is not supported")
     param.data[expert, _SHARD_INDEX[kind]] = loaded.reshape(()).float()
+
+
+def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_weights: torch.Tensor,
+                      topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
+    """fused_experts (wick/kernels/fused_moe.py) over fp8 experts, on a GPU. path (for benchmarks; None picks the
+    first that runs): "gemv", the fp8 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the fused MoE kernel."""
+    from wick.kernels.activation import silu_and_mul
+    from wick.kernels.fp8_matmul import fp8_expert_gemv, runs_expert_gemv
+    from wick.kernels.fused_moe import fused_experts, sum_pairs
+
+    tokens, top_k = topk_ids.shape
+    gemv = runs_expert_gemv(w13.block, w13.shape[2]) and runs_expert_gemv(w2.block, w2.shape[2])
+    if path is None:
+        path = "gemv" if gemv and tokens * top_k <= EXPERT_GEMV_MAX_PAIRS else "tiles"
+    if path == "gemv" and not gemv:
+        raise ValueError(f"fp8 experts with scale tiles {w13.block} and {w2.block} have no gemv path")
+    if path == "tiles":
+        return fused_experts(x, w13.data, w2.data, topk_weights, topk_ids, w13_scales=w13.scales,
+                             w2_scales=w2.scales)
+    ids = topk_ids.flatten()
+    gate_up = fp8_expert_gemv(x, w13.data, w13.scale, w13.block, ids, top_k)
+    down = fp8_expert_gemv(silu_and_mul(gate_up), w2.data, w2.scale, w2.block, ids, 1)
+    return sum_pairs(down, top_k, topk_weights.float())

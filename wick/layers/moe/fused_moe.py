@@ -19,7 +19,7 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
-from wick.layers.moe.fp8_experts import Fp8Experts, Fp8ExpertWeights
+from wick.layers.moe.fp8_experts import Fp8Experts, Fp8ExpertWeights, fused_experts_fp8
 from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf, packs_experts
 from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import QuantizationConfig, current_quantization
@@ -258,13 +258,12 @@ class FusedMoE(nn.Module):
         w13, w2 = (experts["w13"], experts["w2"]) if experts else (self.w13_weight, self.w2_weight)
         if x.is_cuda and self.packed:
             out = fused_experts_gguf(x, w13, w2, weights, ids)
+        elif x.is_cuda and self.fp8 is not None:
+            out = fused_experts_fp8(x, w13, w2, weights, ids)
         elif x.is_cuda:
             from wick.kernels.fused_moe import fused_experts
 
-            if self.fp8 is not None:
-                out = fused_experts(x, w13.data, w2.data, weights, ids, w13_scales=w13.scales, w2_scales=w2.scales)
-            else:
-                out = fused_experts(x, w13, w2, weights, ids)
+            out = fused_experts(x, w13, w2, weights, ids)
         else:
             out = fused_experts_ref(x, w13, w2, weights, ids)
         return tp_all_reduce(out)
