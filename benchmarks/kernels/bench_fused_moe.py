@@ -12,7 +12,7 @@ the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are
 experts of L layers, call r reading layer r % L's, as a model spreads its experts over its layers' tensors.
 `--gguf Q4_K`: also the same routings over experts packed in that GGUF type (fused_experts_gguf), against bf16.
 `--fp8`: also the same routings over fp8 experts, scaled over 128 x 128 blocks (FP8 checkpoints) and one scale a
-row (`-q fp8`), against bf16; with `--sweep`, every tile shape over the block-scaled ones too.
+row (`-q fp8`), against bf16; with `--sweep`, every tile shape over both instead of over bf16.
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
@@ -33,13 +33,14 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels.fused_moe import WeightScales, fused_experts, moe_config
+from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): small row tiles for few pairs an expert, wgmma-sized ones for many.
 SWEEP = {
-    "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256], [2, 4], [3, 4, 5])),
+    "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256, 512], [2, 4], [3, 4, 5])),
     "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
 }
 
@@ -79,10 +80,12 @@ def main() -> None:
     print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
           f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
     if args.sweep:
-        sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
-        if args.fp8:
-            print("fp8 experts, 128 x 128 scale blocks:")
-            sweep(args.tokens, fp8_layers(w13, w2, (128, 128), (128, 128)), e, k, h, dtype, None, args.rotate)
+        if not args.fp8:
+            sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
+        for name, blocks in (("128 x 128 scale blocks", ((128, 128), (128, 128))), ("a scale a row", ((1, h), (1, i)))):
+            if args.fp8:
+                print(f"fp8 experts, {name}:")
+                sweep(args.tokens, fp8_layers(w13, w2, *blocks), e, k, h, dtype, None, args.rotate)
     print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts")
     print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
     for tokens in args.tokens:
@@ -106,35 +109,52 @@ def main() -> None:
         time_fp8(args, dtype, bandwidth, w13, w2)
 
 
-def fp8_layers(w13: torch.Tensor, w2: torch.Tensor, block13: tuple[int, int], block2: tuple[int, int]
-               ) -> tuple[torch.Tensor, torch.Tensor, WeightScales, WeightScales]:
-    """w13, w2 [layers, E, N, K] in e4m3 with scales of 1 over block tiles."""
+def fp8_layers(w13: torch.Tensor, w2: torch.Tensor, block13: tuple[int, int], block2: tuple[int, int]) -> tuple:
+    """Each layer's w13, w2 [E, N, K] of [layers, E, N, K] in e4m3, with scales of 1 over block tiles (lists a layer
+    at a time: a model's layers hold their own tensors, and one fp8 tensor of 3.2G elements faulted)."""
 
-    def scales(w: torch.Tensor, block: tuple[int, int]) -> WeightScales:
-        layers, experts, n, k = w.shape
-        shape = (layers, experts, -(-n // block[0]), -(-k // block[1]))
-        return torch.ones(shape, dtype=torch.float32, device=w.device), block
+    def scales(w: torch.Tensor, block: tuple[int, int]) -> list[WeightScales]:
+        _, experts, n, k = w.shape
+        shape = (experts, -(-n // block[0]), -(-k // block[1]))
+        return [(torch.ones(shape, dtype=torch.float32, device=w.device), block) for _ in w]
 
-    return (w13.to(torch.float8_e4m3fn), w2.to(torch.float8_e4m3fn), scales(w13, block13), scales(w2, block2))
+    return ([layer.to(torch.float8_e4m3fn) for layer in w13], [layer.to(torch.float8_e4m3fn) for layer in w2],
+            scales(w13, block13), scales(w2, block2))
 
 
 def time_fp8(args: argparse.Namespace, dtype: torch.dtype, bandwidth: float, w13: torch.Tensor,
              w2: torch.Tensor) -> None:
-    """fp8 experts, block-scaled and per-row, against the bf16 kernel, same routings, same layers."""
+    """fp8 experts, block-scaled and per-row, on each path of fused_experts_fp8 against the bf16 kernel, same routings,
+    same layers."""
     h, i = args.hidden_size, args.intermediate_size
-    kinds = {"block 128": fp8_layers(w13, w2, (128, 128), (128, 128)), "per row": fp8_layers(w13, w2, (1, h), (1, i))}
+    kinds = {}
+    for name, blocks in (("block", ((128, 128), (128, 128))), ("row", ((1, h), (1, i)))):
+        f13, f2, s13, s2 = fp8_layers(w13, w2, *blocks)
+        kinds[name] = [(Fp8Experts(f13[n], *s13[n], dtype), Fp8Experts(f2[n], *s2[n], dtype)) for n in range(len(f13))]
     expert_bytes = 3 * h * i
-    print(f"fp8 experts ({expert_bytes / 1e6:.2f} MB an expert), {args.layers} layer(s) in turn")
-    print(f"tokens | bf16 us | {' us | '.join(kinds)} us | block vs bf16 | row vs bf16 | GB/s of the fp8 bytes hit "
-          "(block) | % of bandwidth")
+    paths = ("gemv", "tiles", None)
+    print(f"fp8 experts ({expert_bytes / 1e6:.2f} MB an expert), {args.layers} layer(s) in turn; 'picked': the path "
+          "the layer picks")
+    columns = " | ".join(f"{kind} {path or 'picked'} us" for kind in kinds for path in paths)
+    print(f"tokens | bf16 us | {columns} | "
+          "block picked vs bf16 | GB/s of the fp8 bytes hit (block picked) | % of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
         routes = routings(tokens, args.experts, args.top_k, args.rotate)
         bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
-        times = [time_ms(x, layers, routes, None) for layers in kinds.values()]
-        read = routes[0][1].unique().numel() * expert_bytes / (times[0] / 1e3)
+
+        def run(layers: list, path: str | None, x: torch.Tensor = x, routes: list = routes) -> None:
+            for r, (weights, ids) in enumerate(routes):
+                fused_experts_fp8(x, *layers[r % len(layers)], weights, ids, path)
+
+        times = []
+        for layers in kinds.values():
+            for path in paths:
+                run(layers, path)
+                times.append(do_bench_cudagraph(partial(run, layers, path)) / len(routes))
+        read = routes[0][1].unique().numel() * expert_bytes / (times[2] / 1e3)
         print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
-              f"{bf16_ms / times[0]:.2f}x | {bf16_ms / times[1]:.2f}x | {read / 1e9:.0f} | {read / bandwidth:.0%}")
+              f"{bf16_ms / times[2]:.2f}x | {read / 1e9:.0f} | {read / bandwidth:.0%}")
 
 
 def _random_packed(experts: int, rows: int, columns: int, qtype: GGMLQuantizationType,
@@ -187,17 +207,14 @@ def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[t
 
 def time_ms(x: torch.Tensor, layers: tuple, routes: list[tuple[torch.Tensor, torch.Tensor]],
             config: tuple[int, int, int, int, int] | None) -> float:
-    """Milliseconds a call, in a CUDA graph of one call per routing; layers (w13, w2 [layers, ...], and their scales
-    or None): call r reads layer r % layers."""
+    """Milliseconds a call, in a CUDA graph of one call per routing; layers (w13, w2 [layers, ...], and the scales of
+    each layer or None): call r reads layer r % layers."""
     w13, w2, s13, s2 = layers
-
-    def at(scales: WeightScales | None, layer: int) -> WeightScales | None:
-        return None if scales is None else (scales[0][layer], scales[1])
 
     def run() -> None:
         for r, (weights, ids) in enumerate(routes):
-            layer = r % w13.shape[0]
-            fused_experts(x, w13[layer], w2[layer], weights, ids, config, at(s13, layer), at(s2, layer))
+            layer = r % len(w13)
+            fused_experts(x, w13[layer], w2[layer], weights, ids, config, s13 and s13[layer], s2 and s2[layer])
 
     run()
     return do_bench_cudagraph(run) / len(routes)

@@ -9,7 +9,7 @@ import torch
 
 from wick.kernels import fused_moe
 from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
-from wick.layers.moe.fp8_experts import Fp8Experts
+from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
 
@@ -94,6 +94,17 @@ def test_fp8_experts_match_reference(blocks: tuple[tuple[int, int], tuple[int, i
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
 
 
+@pytest.mark.parametrize("blocks", FP8_BLOCKS.values(), ids=FP8_BLOCKS.keys())
+@pytest.mark.parametrize("path", ["gemv", "tiles"])
+def test_fp8_expert_paths_match_reference(blocks: tuple[tuple[int, int], tuple[int, int]], path: str) -> None:
+    """The layer's two paths over fp8 experts: the GEMVs (a pair a row, its expert chosen inside) and the tiles."""
+    x, w13, w2, weights, ids = make_case(5, 6, 2, hidden=160, inter=64, dtype=torch.float32)
+    f13, f2 = to_fp8(w13, blocks[0], x.dtype), to_fp8(w2, blocks[1], x.dtype)
+    expected = fused_experts_ref(x, f13, f2, weights, ids)
+    out = fused_experts_fp8(x, f13, f2, weights, ids, path)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 def test_sum_pairs(weighted: bool) -> None:
     g = torch.Generator().manual_seed(4)
@@ -126,8 +137,9 @@ def test_qwen3_moe_shapes_fp8_cuda(num_tokens: int, block: tuple[int, int] | Non
                                          device="cuda")
     f13, f2 = to_fp8(w13, block or (1, 2048), x.dtype), to_fp8(w2, block or (1, 768), x.dtype)
     expected = fused_experts_ref(x.float(), f13.dequantize_all().float(), f2.dequantize_all().float(), weights, ids)
-    out = fused_experts(x, f13.data, f2.data, weights, ids, w13_scales=f13.scales, w2_scales=f2.scales)
-    torch.testing.assert_close(out.float(), expected, atol=3e-2 * expected.abs().max().item(), rtol=3e-2)
+    for path in ("gemv", "tiles"):
+        out = fused_experts_fp8(x, f13, f2, weights, ids, path)
+        torch.testing.assert_close(out.float(), expected, atol=3e-2 * expected.abs().max().item(), rtol=3e-2)
 
 
 @pytest.mark.gpu
