@@ -35,11 +35,12 @@ SWEEPS = {
     "q4_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),
     "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 32])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
+    "fp8_block": list(itertools.product([4, 8, 16], [128, 512, 1024], [2, 4, 8])),
     "q6_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
     "q8_0": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
 }
-DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "q6_k": Q6_K_GEMV_CONFIG,
-            "q8_0": Q8_0_GEMV_CONFIG}
+DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG,
+            "q6_k": Q6_K_GEMV_CONFIG, "q8_0": Q8_0_GEMV_CONFIG}
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
@@ -75,13 +76,17 @@ def _gptq(n: int, k: int) -> tuple[Callable, int]:
             nbytes)
 
 
-def _fp8(n: int, k: int) -> tuple[Callable, int]:
+def _fp8(n: int, k: int, block: tuple[int, int] | None = None) -> tuple[Callable, int]:
+    """FP8 weights with one scale a row (in situ), or over `block` tiles (FP8 checkpoints)."""
+    block = block or (1, k)
     weight = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn)
-    scale = torch.full((n, 1), 1e-3, dtype=torch.float32, device="cuda")
-    return lambda x, config: fp8_matmul(x, weight, scale, (1, k), gemv_config=config), weight.numel() + n * 4
+    scale = torch.full((-(-n // block[0]), -(-k // block[1])), 1e-3, dtype=torch.float32, device="cuda")
+    return (lambda x, config: fp8_matmul(x, weight, scale, block, gemv_config=config),
+            weight.numel() + scale.numel() * 4)
 
 
-MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8, "q6_k": _q6_k, "q8_0": _q8_0}
+MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128)), "q6_k": _q6_k,
+          "q8_0": _q8_0}
 
 
 def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:
