@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -82,8 +83,9 @@ def main() -> None:
     if args.sweep:
         if not args.fp8:
             sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
-        for name, blocks in (("128 x 128 scale blocks", ((128, 128), (128, 128))), ("a scale a row", ((1, h), (1, i)))):
-            if args.fp8:
+        else:
+            kinds = (("128 x 128 scale blocks", ((128, 128), (128, 128))), ("a scale a row", ((1, h), (1, i))))
+            for name, blocks in kinds:
                 print(f"fp8 experts, {name}:")
                 sweep(args.tokens, fp8_layers(w13, w2, *blocks), e, k, h, dtype, None, args.rotate)
     print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts")
@@ -110,8 +112,8 @@ def main() -> None:
 
 
 def fp8_layers(w13: torch.Tensor, w2: torch.Tensor, block13: tuple[int, int], block2: tuple[int, int]) -> tuple:
-    """Each layer's w13, w2 [E, N, K] of [layers, E, N, K] in e4m3, with scales of 1 over block tiles (lists a layer
-    at a time: a model's layers hold their own tensors, and one fp8 tensor of 3.2G elements faulted)."""
+    """Each layer's w13, w2 [E, N, K] of [layers, E, N, K] in e4m3, with scales of 1 over block tiles (lists, as a
+    model's layers hold their own tensors)."""
 
     def scales(w: torch.Tensor, block: tuple[int, int]) -> list[WeightScales]:
         _, experts, n, k = w.shape
@@ -151,7 +153,7 @@ def time_fp8(args: argparse.Namespace, dtype: torch.dtype, bandwidth: float, w13
         for layers in kinds.values():
             for path in paths:
                 run(layers, path)
-                times.append(do_bench_cudagraph(partial(run, layers, path)) / len(routes))
+                times.append(graph_ms(partial(run, layers, path)) / len(routes))
         read = routes[0][1].unique().numel() * expert_bytes / (times[2] / 1e3)
         print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
               f"{bf16_ms / times[2]:.2f}x | {read / 1e9:.0f} | {read / bandwidth:.0%}")
@@ -186,7 +188,7 @@ def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, down_type
         times = []
         for path in (*paths, None):
             run(path)
-            times.append(do_bench_cudagraph(partial(run, path)) / len(routes))
+            times.append(graph_ms(partial(run, path)) / len(routes))
         bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
         picked = times[-1]
         read = routes[0][1].unique().numel() * expert_bytes / (picked / 1e3)
@@ -217,7 +219,14 @@ def time_ms(x: torch.Tensor, layers: tuple, routes: list[tuple[torch.Tensor, tor
             fused_experts(x, w13[layer], w2[layer], weights, ids, config, s13 and s13[layer], s2 and s2[layer])
 
     run()
-    return do_bench_cudagraph(run) / len(routes)
+    return graph_ms(run) / len(routes)
+
+
+def graph_ms(fn: Callable[[], None]) -> float:
+    """do_bench_cudagraph(fn) once the default stream's work is done: it runs fn at once on a stream of its own, which
+    read top-k ids not yet written (an illegal address in the kernels) before this synchronize."""
+    torch.cuda.synchronize()
+    return do_bench_cudagraph(fn)
 
 
 def sweep(token_counts: list[int], layers: tuple, experts: int, top_k: int, hidden: int, dtype: torch.dtype,

@@ -209,7 +209,10 @@ def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = gemv_config or EXPERT_GEMV_CONFIG
-    block_k, groups = _gemv_steps(block, k, block_k if gemv_config else _expert_step(k, block_k))
+    steps = _gemv_steps(block, k, block_k if gemv_config else _expert_step(k, block_k))
+    if steps is None:
+        raise ValueError(f"no fp8 GEMV steps {block_k} columns over scale tiles {block} of {k} columns")
+    block_k, groups = steps
     if out.shape[0]:
         _fp8_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
             x2, weight, scale, out, experts, n, k, x2.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),

@@ -207,6 +207,29 @@ def test_block_scales_off_the_intermediate_size_are_refused() -> None:
         FusedMoE(spec, 256)
 
 
+def test_scale_blocks_narrower_than_a_tile_step_are_refused() -> None:
+    spec = MoeSpec(num_experts=2, top_k=1, intermediate_size=128, renormalize=True)
+    config = Fp8Config.from_config({**BLOCK_CONFIG, "weight_block_size": [128, 24]})
+    with quantization_scope(config), pytest.raises(ValueError, match="the block's width must be a multiple of 16"):
+        FusedMoE(spec, 256)
+
+
+def test_experts_converted_where_the_gpu_has_no_fp8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below compute capability 8.9 the experts become the model's dtype at load, and their scales go."""
+    spec = MoeSpec(num_experts=2, top_k=1, intermediate_size=128, renormalize=True)
+    with quantization_scope(Fp8Config.from_config(BLOCK_CONFIG)):
+        layer = FusedMoE(spec, 256)
+    initialize_dummy_weights(layer)
+    expected = layer.fp8.experts["w13"].dequantize_all()
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    layer.process_weights_after_loading()
+    monkeypatch.undo()
+    assert layer.fp8 is None and layer.w13_weight.dtype == torch.float32
+    assert not hasattr(layer, "w13_weight_scale_inv") and not hasattr(layer, "w2_weight_scale_inv")
+    torch.testing.assert_close(layer.w13_weight.data, expected)
+
+
 def test_float_expert_in_an_fp8_checkpoint_is_refused() -> None:
     spec = MoeSpec(num_experts=2, top_k=1, intermediate_size=128, renormalize=True)
     with quantization_scope(Fp8Config.from_config(BLOCK_CONFIG)):

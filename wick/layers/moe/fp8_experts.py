@@ -13,12 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from wick.kernels.fp8_matmul import fp8_dequantize
 from wick.layers.quantization.fp8 import FP8_MAX, Fp8Config, quantize_rows
+
+if TYPE_CHECKING:
+    from wick.layers.moe.fused_moe import FusedMoE
 
 # (token, expert) pairs up to which the GEMVs run (each pair reads its expert's rows, k contiguous); past them the
 # tiles (tl.dot over the pairs sorted by expert). Qwen3-30B-A3B's experts on an H100: GEMVs 164 against tiles 220 us
@@ -64,7 +68,7 @@ class Fp8ExpertWeights:
     """Creates an MoE layer's fp8 expert parameters (w13 [E, 2I, H] and w2 [E, H, I] in e4m3, and their scales),
     stores each checkpoint shard the layer's loader hands it, and gives the layer its two Fp8Experts."""
 
-    def __init__(self, config: Fp8Config, layer: nn.Module) -> None:
+    def __init__(self, config: Fp8Config, layer: FusedMoE) -> None:
         self.config = config
         e, i, h = layer.spec.num_experts, layer.intermediate_size, layer.hidden_size
         layer.w13_weight = _param((e, 2 * i, h), torch.float8_e4m3fn)
@@ -80,6 +84,9 @@ class Fp8ExpertWeights:
             if i % bn or (layer.tp_size > 1 and i % bk):
                 raise ValueError(f"FP8 experts in {bn}x{bk} blocks need the expert intermediate size on each rank "
                                  f"({i}) to be a multiple of the block")
+            if bk & -bk < 16:  # the tiles step whole scale tiles of at least 16 columns (tl.dot's least K)
+                raise ValueError(f"FP8 experts in {bn}x{bk} blocks are not supported: the block's width must be a "
+                                 "multiple of 16")
             scale13 = _param((e, 2 * i // bn, -(-h // bk)), torch.float32)
             scale2 = _param((e, -(-h // bn), -(-i // bk)), torch.float32)
             for scale in (scale13, scale2):
@@ -89,13 +96,15 @@ class Fp8ExpertWeights:
             blocks = (i, h), (h, i)  # one scale for each of gate, up and down
             for scale in (scale13, scale2):
                 scale.weight_loader = _load_shard_scale
-            if config.static_activations:  # read for completeness of the checkpoint; activations stay in bf16
+            if config.static_activations:  # read for completeness; activations stay in the model's dtype
                 layer.w13_input_scale = _param((e, 2, 1), torch.float32)
                 layer.w2_input_scale = _param((e, 1, 1), torch.float32)
                 layer.w13_input_scale.weight_loader = layer.w2_input_scale.weight_loader = _load_shard_scale
         suffix = "weight_scale_inv" if config.block is not None and not config.in_situ else "weight_scale"
         setattr(layer, f"w13_{suffix}", scale13)
         setattr(layer, f"w2_{suffix}", scale2)
+        self.scale_names = [f"w13_{suffix}", f"w2_{suffix}"] + (
+            ["w13_input_scale", "w2_input_scale"] if hasattr(layer, "w13_input_scale") else [])
         self.experts = {"w13": Fp8Experts(layer.w13_weight.data, scale13.data, blocks[0], layer.params_dtype),
                         "w2": Fp8Experts(layer.w2_weight.data, scale2.data, blocks[1], layer.params_dtype)}
 

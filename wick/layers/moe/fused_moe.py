@@ -234,6 +234,8 @@ class FusedMoE(nn.Module):
             _warn_once("MoE experts converted from fp8 to the model's dtype: this GPU has no fp8 conversions")
             self.w13_weight.data = self.fp8.experts["w13"].dequantize_all()
             self.w2_weight.data = self.fp8.experts["w2"].dequantize_all()
+            for name in self.fp8.scale_names:
+                delattr(self, name)
             self.fp8 = None
         if len(self.packed) == 1:
             name, packed = self.packed.popitem()
