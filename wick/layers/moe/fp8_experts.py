@@ -90,7 +90,7 @@ class Fp8ExpertWeights:
             scale13 = _param((e, 2 * i // bn, -(-h // bk)), torch.float32)
             scale2 = _param((e, -(-h // bn), -(-i // bk)), torch.float32)
             for scale in (scale13, scale2):
-                scale.weight_loader = partial(layer.load_block_scales, config.block)
+                scale.weight_loader = partial(layer.copy_rank_shards, block=config.block)
         else:
             scale13, scale2 = _param((e, 2, 1), torch.float32), _param((e, 1, 1), torch.float32)
             blocks = (i, h), (h, i)  # one scale for each of gate, up and down

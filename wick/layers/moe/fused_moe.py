@@ -154,11 +154,10 @@ class FusedMoE(nn.Module):
         fp8_in_situ = self.fp8 is not None and self.fp8.config.in_situ
         if self.fp8 is not None and not fp8_in_situ and loaded.dtype != torch.float8_e4m3fn:
             raise ValueError(f"an FP8 checkpoint's expert weight ({kind}) is {loaded.dtype}, not float8_e4m3fn")
+        if self.isq_type is None and not fp8_in_situ:
+            self.copy_rank_shards(param, loaded, shard_id)
+            return
         for offset, rows, source in self._rank_shards(loaded, kind):
-            if self.isq_type is None and not fp8_in_situ:
-                target = param.data if expert is None else param.data[expert]
-                target.narrow(-2, offset, rows).copy_(source)
-                continue
             for e, matrix in enumerate(source) if expert is None else ((expert, source),):
                 if fp8_in_situ:
                     self.fp8.quantize(name, e, offset, rows, matrix)
@@ -166,12 +165,13 @@ class FusedMoE(nn.Module):
                     packed = self.packed[name]
                     packed.data[e].narrow(0, offset, rows).copy_(quantize(matrix.to(packed.data.device), packed.qtype))
 
-    def load_block_scales(self, block: tuple[int, int], param: nn.Parameter, loaded: torch.Tensor,
-                          shard_id: tuple[str, int | None]) -> None:
-        """The scales of fp8 experts over block[0] x block[1] tiles: this rank's tiles of `loaded`."""
+    def copy_rank_shards(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple[str, int | None],
+                         block: tuple[int, int] = (1, 1)) -> None:
+        """This rank's rows of `loaded` (shard_id as weight_loader's) copied into `param` as they are; with `block`,
+        the scales of fp8 experts over block[0] x block[1] tiles."""
         kind, expert = shard_id
+        target = param.data if expert is None else param.data[expert]
         for offset, rows, source in self._rank_shards(loaded, kind, block):
-            target = param.data if expert is None else param.data[expert]
             target.narrow(-2, offset, rows).copy_(source)
 
     def _rank_shards(self, loaded: torch.Tensor, kind: str, block: tuple[int, int] = (1, 1)
