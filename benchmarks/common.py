@@ -60,7 +60,7 @@ def weight_bytes(model: torch.nn.Module, tokens: int = 1) -> int:
     for module in model.modules():
         if isinstance(module, FusedMoE):
             share = 1 - (1 - module.spec.top_k / module.spec.num_experts) ** tokens
-            unread += sum(w.numel() * w.element_size() for w in (module.w13_weight, module.w2_weight)) * (1 - share)
+            unread += sum(w.numel() * w.element_size() for w in module.parameters()) * (1 - share)
     return weights_nbytes(model, skip_embedding=True) - int(unread)
 
 

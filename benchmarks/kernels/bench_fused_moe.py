@@ -12,12 +12,15 @@ the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are
 experts of L layers, call r reading layer r % L's, as a model spreads its experts over its layers' tensors.
 `--gguf Q4_K`: also the same routings over experts packed in that GGUF type (fused_experts_gguf), against bf16.
 `--fp8`: also the same routings over fp8 experts, scaled over 128 x 128 blocks (FP8 checkpoints) and one scale a
-row (`-q fp8`), against bf16; with `--sweep`, every tile shape over both instead of over bf16.
+row (`-q fp8`), against bf16; with `--sweep`, every tile shape over both instead of over bf16. `--wna16 BITS`: also
+over experts in 4 or 8 bits with groups of 128 (GPTQ/AWQ checkpoints), against bf16; with `--sweep`, every tile
+shape over them past the GEMVs' pairs and every GEMV shape of GEMV_SWEEP up to them.
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
     python -m benchmarks.kernels.bench_fused_moe --tokens 1 4 8 --skip-reference --rotate 8 --layers 8 --gguf Q4_K
     python -m benchmarks.kernels.bench_fused_moe --tokens 1 16 256 2048 --skip-reference --layers 8 --fp8
+    python -m benchmarks.kernels.bench_fused_moe --tokens 1 16 256 2048 --skip-reference --layers 8 --wna16 4
 """
 
 from __future__ import annotations
@@ -33,17 +36,21 @@ from gguf import GGMLQuantizationType
 from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
+from wick.kernels import wna16_matmul
 from wick.kernels.fused_moe import WeightScales, fused_experts, moe_config
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
+from wick.layers.moe.wna16_experts import EXPERT_GEMV_MAX_PAIRS, Wna16Experts, fused_experts_wna16
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): small row tiles for few pairs an expert, wgmma-sized ones for many.
 SWEEP = {
     "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256, 512], [2, 4], [3, 4, 5])),
     "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
 }
+# (columns, input rows a step, warps) of the 4- / 8-bit expert GEMV.
+GEMV_SWEEP = list(itertools.product([16, 32, 64, 128], [64, 128, 256, 512], [1, 2, 4]))
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 8192) -> float:
@@ -70,6 +77,8 @@ def main() -> None:
     parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q6_K, Q8_0)")
     parser.add_argument("--gguf-down", default=None, help="with --gguf: the down projections' type (default its)")
     parser.add_argument("--fp8", action="store_true", help="also time fp8 experts (block-scaled and per-row)")
+    parser.add_argument("--wna16", type=int, choices=(4, 8), default=None,
+                        help="also time experts in these bits with groups of 128 (GPTQ/AWQ)")
     args = parser.parse_args()
     print_environment()
     dtype = getattr(torch, args.dtype)
@@ -80,7 +89,14 @@ def main() -> None:
     expert_bytes = (w13[0, 0].numel() + w2[0, 0].numel()) * w13.element_size()
     print(f"experts {e}, top-{k}, hidden {h}, intermediate {i}, {args.dtype}; "
           f"bf16 matmul peak {peak / 1e12:.0f} TFLOP/s, copy bandwidth {bandwidth / 1e12:.2f} TB/s")
-    if args.sweep:
+    if args.sweep and args.wna16:
+        layers = wna16_layers(args, dtype)
+        tiles = ([w13.qweight for w13, _ in layers], [w2.qweight for _, w2 in layers],
+                 [w13.group_scales for w13, _ in layers], [w2.group_scales for _, w2 in layers])
+        print(f"{args.wna16}-bit experts, groups of 128:")
+        gemv_sweep([t for t in args.tokens if t * k <= EXPERT_GEMV_MAX_PAIRS], layers, args)
+        sweep([t for t in args.tokens if t * k > EXPERT_GEMV_MAX_PAIRS], tiles, e, k, h, dtype, None, args.rotate)
+    elif args.sweep:
         if not args.fp8:
             sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
         else:
@@ -109,6 +125,73 @@ def main() -> None:
                     bandwidth, w13, w2)
     if args.fp8:
         time_fp8(args, dtype, bandwidth, w13, w2)
+    if args.wna16:
+        time_wna16(args, dtype, bandwidth, w13, w2)
+
+
+def wna16_layers(args: argparse.Namespace, dtype: torch.dtype) -> list[tuple[Wna16Experts, Wna16Experts]]:
+    """Each layer's (w13, w2) in args.wna16 bits, random words, groups of 128 with scales putting the weights near
+    the bf16 ones' range."""
+    e, h, i, bits = args.experts, args.hidden_size, args.intermediate_size, args.wna16
+
+    def experts(k: int, n: int) -> Wna16Experts:
+        qweight = torch.randint(-(1 << 31), 1 << 31, (e, k * bits // 32, n), dtype=torch.int64,
+                                device="cuda").to(torch.int32)
+        shape = (e, -(-k // 128), n)
+        scales = torch.full(shape, 2 / (k**0.5 * (1 << bits)), dtype=dtype, device="cuda")
+        return Wna16Experts(qweight, scales, torch.full(shape, 1 << (bits - 1), dtype=dtype, device="cuda"), bits, 128)
+
+    return [(experts(h, 2 * i), experts(i, h)) for _ in range(args.layers)]
+
+
+def time_wna16(args: argparse.Namespace, dtype: torch.dtype, bandwidth: float, w13: torch.Tensor,
+               w2: torch.Tensor) -> None:
+    """fused_experts_wna16 on each path against the bf16 kernel, same routings, same layers."""
+    layers = wna16_layers(args, dtype)
+    q13, q2 = layers[0]
+    expert_bytes = sum(t[0].numel() * t.element_size() for t in (q13.qweight, q13.scales, q13.zeros, q2.qweight,
+                                                                  q2.scales, q2.zeros))
+    paths = ("gemv", "tiles", None)
+    names = " | ".join(f"{path or 'picked'} us" for path in paths)
+    print(f"{args.wna16}-bit experts, groups of 128 ({expert_bytes / 1e6:.2f} MB an expert with its scales and zero "
+          f"points), {args.layers} layer(s) in turn; 'picked': the path the layer picks")
+    print(f"tokens | bf16 us | {names} | picked vs bf16 | "
+          "GB/s of the bytes hit | % of bandwidth")
+    for tokens in args.tokens:
+        x = torch.randn(tokens, args.hidden_size, dtype=dtype, device="cuda")
+        routes = routings(tokens, args.experts, args.top_k, args.rotate)
+        bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        times = [wna16_ms(x, layers, routes, path) for path in paths]
+        read = routes[0][1].unique().numel() * expert_bytes / (times[2] / 1e3)
+        print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
+              f"{bf16_ms / times[2]:.2f}x | {read / 1e9:.0f} | {read / bandwidth:.0%}")
+
+
+def wna16_ms(x: torch.Tensor, layers: list, routes: list, path: str | None) -> float:
+    def run() -> None:
+        for r, (weights, ids) in enumerate(routes):
+            fused_experts_wna16(x, *layers[r % len(layers)], weights, ids, path)
+
+    run()
+    return graph_ms(run) / len(routes)
+
+
+def gemv_sweep(token_counts: list[int], layers: list, args: argparse.Namespace) -> None:
+    """The GEMV path at every shape of GEMV_SWEEP (wna16_matmul.EXPERT_GEMV_CONFIG set for each): the default's and
+    the best's microseconds."""
+    default = wna16_matmul.EXPERT_GEMV_CONFIG
+    for tokens in token_counts:
+        x = torch.randn(tokens, args.hidden_size, dtype=layers[0][0].scales.dtype, device="cuda")
+        routes = routings(tokens, args.experts, args.top_k, args.rotate)
+        timings = {}
+        for config in [default, *GEMV_SWEEP]:
+            wna16_matmul.EXPERT_GEMV_CONFIG = config
+            timings[config] = wna16_ms(x, layers, routes, "gemv") * 1e3
+        wna16_matmul.EXPERT_GEMV_CONFIG = default
+        best = min(timings, key=timings.get)
+        print(f"GEMV sweep {tokens} tokens: default {default} {timings[default]:.1f} us, best {best} "
+              f"{timings[best]:.1f} us; " + ", ".join(f"{c}: {t:.1f}" for c, t in sorted(timings.items(),
+                                                                                    key=lambda kv: kv[1])[:5]))
 
 
 def fp8_layers(w13: torch.Tensor, w2: torch.Tensor, block13: tuple[int, int], block2: tuple[int, int]) -> tuple:

@@ -1,6 +1,6 @@
 """The fused MoE kernel against the torch reference: decode and prefill sizes, experts left without tokens,
-sizes that are not multiples of the tiles, fp8 experts with each kind of scales; moe_align's layout; each token's
-top-k rows summed (weighted)."""
+sizes that are not multiples of the tiles, fp8 experts with each kind of scales, 4- and 8-bit experts with group
+scales and zero points (GPTQ/AWQ); moe_align's layout; each token's top-k rows summed (weighted)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import torch
 
 from wick.kernels import fused_moe
 from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
+from wick.kernels.wna16_matmul import pack_rows
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
+from wick.layers.moe.wna16_experts import Wna16Experts, fused_experts_wna16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -125,6 +127,38 @@ def test_fp8_scale_tiles_off_powers_of_two_take_the_tiles() -> None:
         fused_experts_fp8(x, f13, f2, weights, ids, "gemv")
 
 
+def to_wna16(w: torch.Tensor, bits: int, group: int) -> Wna16Experts:
+    """Random experts of w's shape [E, N, K] in `bits` with groups of `group` rows of K (group >= K: one a column):
+    random values, zero points and scales, the weights within about w's range."""
+    g = torch.Generator().manual_seed(w.shape[1] + bits)
+    experts, n, k = w.shape
+    groups = -(-k // group)
+    q = torch.randint(0, 1 << bits, (experts, k, n), generator=g)
+    zeros = torch.randint(0, 1 << bits, (experts, groups, n), generator=g)
+    scales = (torch.rand(experts, groups, n, generator=g) + 0.5) * 2 / (k**0.5 * (1 << bits))
+    qweight = torch.stack([pack_rows(values, bits) for values in q])
+    return Wna16Experts(qweight.to(w.device), scales.to(w.device, w.dtype), zeros.to(w.device, w.dtype), bits,
+                        min(group, k))
+
+
+# (bits, w13 group, w2 group) over hidden 160, intermediate 64: groups of 128 (a partial one at the end of w13's K),
+# groups of 32 (BLOCK_K lowered to them), a group a column (K) in 8 bits
+WNA16_GROUPS = {"4bit_g128": (4, 128, 128), "4bit_g32": (4, 32, 32), "8bit_channel": (8, 160, 64)}
+
+
+@pytest.mark.parametrize("groups", WNA16_GROUPS.values(), ids=WNA16_GROUPS.keys())
+@pytest.mark.parametrize(("num_tokens", "path"), [(3, "gemv"), (3, "tiles"), (40, "tiles")])
+def test_wna16_experts_match_reference(groups: tuple[int, int, int], num_tokens: int, path: str) -> None:
+    """4- and 8-bit experts against the reference over the same experts dequantized: the GEMVs (a pair a row, its
+    expert chosen inside), and the tiles a pair each (3 tokens) and sorted by expert (40)."""
+    x, w13, w2, weights, ids = make_case(num_tokens, 6, 2, hidden=160, inter=64, dtype=torch.float32)
+    bits, group13, group2 = groups
+    q13, q2 = to_wna16(w13, bits, group13), to_wna16(w2, bits, group2)
+    expected = fused_experts_ref(x, q13, q2, weights, ids)
+    out = fused_experts_wna16(x, q13, q2, weights, ids, path)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+
+
 @pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
 def test_sum_pairs(weighted: bool) -> None:
     g = torch.Generator().manual_seed(4)
@@ -159,6 +193,21 @@ def test_qwen3_moe_shapes_fp8_cuda(num_tokens: int, block: tuple[int, int] | Non
     expected = fused_experts_ref(x.float(), f13.dequantize_all().float(), f2.dequantize_all().float(), weights, ids)
     for path in ("gemv", "tiles"):
         out = fused_experts_fp8(x, f13, f2, weights, ids, path)
+        torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=3e-2)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("num_tokens", [1, 7, 256, 2048])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_qwen3_moe_shapes_wna16_cuda(num_tokens: int, bits: int) -> None:
+    """Qwen3-30B-A3B's experts as its GPTQ checkpoints hold them (groups of 128) on both paths."""
+    x, w13, w2, weights, ids = make_case(num_tokens, 128, 8, hidden=2048, inter=768, dtype=torch.bfloat16,
+                                         device="cuda")
+    q13, q2 = to_wna16(w13, bits, 128), to_wna16(w2, bits, 128)
+    expected = fused_experts_ref(x.float(), q13.dequantize_all().float(), q2.dequantize_all().float(), weights, ids)
+    for path in ("gemv", "tiles"):
+        out = fused_experts_wna16(x, q13, q2, weights, ids, path)
         torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=3e-2)
 
 

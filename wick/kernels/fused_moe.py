@@ -10,7 +10,10 @@ middle dim took 4.6 us at one token on an H100). Accumulation is in fp32.
 Experts in fp8 (e4m3, W8A16) carry float32 scales over [SCALE_N, SCALE_K] tiles of each expert's matrix (128 x 128
 as FP8 checkpoints ship them, one a row for in-situ fp8, one a shard for per-tensor checkpoints): a tile of B is
 converted to the activations' dtype in registers (exactly: e4m3 fits in bf16) and each BLOCK_K step's product
-takes its columns' scales, or, where one scale covers a whole row of K, the sum takes them once.
+takes its columns' scales, or, where one scale covers a whole row of K, the sum takes them once. Experts in 4 or 8
+bits (GPTQ and AWQ, W4A16 / W8A16) come packed as GPTQ packs them, K rows to an int32 word, with group scales and
+zero points: a tile's values minus their zero points are converted exactly and its product takes the group's
+scales as fp8 steps take theirs.
 
 The grid is sized by an upper bound on the padded row count (pairs / BLOCK_M + min(pairs, experts)
 tiles); tiles past the real count return at once, so the launch depends on the shapes only. With few
@@ -18,6 +21,8 @@ pairs (decode) each pair gets a tile of its own instead and nothing is sorted.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -28,13 +33,31 @@ import triton.language as tl
 WeightScales = tuple[torch.Tensor, tuple[int, int]]
 
 
+class GroupScales(NamedTuple):
+    """The group scales and zero points of 4- or 8-bit experts B [E, K / (32 / bits), N] int32, each word holding
+    consecutive rows of K from its lowest bits up: W_e[n, k] = (q - zeros[e, k // group, n]) * scales[e, k // group,
+    n], scales and zeros [E, ceil(K / group), N] in the activations' dtype (zero points as values)."""
+
+    scales: torch.Tensor
+    zeros: torch.Tensor
+    bits: int
+    group: int
+
+
 @triton.jit
-def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, stride_sn, stride_sk, dtype,
-            SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, PER_STEP: tl.constexpr):
-    """B's [BLOCK_K, BLOCK_N] tile of rows `rows` in `dtype`, and the scale of each of its rows for this step (1
-    unless PER_STEP)."""
-    b = tl.load(b_base + rows[None, :] * stride_bn + ks[:, None] * stride_bk, mask=k_ok[:, None] & row_ok[None, :],
-                other=0.0).to(dtype)
+def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0, stride_sn, stride_sk, dtype,
+            SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, PER_STEP: tl.constexpr, BITS: tl.constexpr):
+    """B's [BLOCK_K, BLOCK_N] tile of rows `rows` in `dtype` (BITS: unpacked from words of 32 / BITS values along K,
+    less their zero points), and the scale of each of its rows for this step (1 unless PER_STEP)."""
+    mask = k_ok[:, None] & row_ok[None, :]
+    if BITS:
+        PACK: tl.constexpr = 32 // BITS
+        words = tl.load(b_base + rows[None, :] * stride_bn + (ks // PACK)[:, None] * stride_bk, mask=mask, other=0)
+        q = (words >> ((ks % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
+        zero = tl.load(z_base + (rows // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk, mask=row_ok, other=0.0)
+        b = (q.to(tl.float32) - zero.to(tl.float32)[None, :]).to(dtype)  # integers of at most 9 bits: exact
+    else:
+        b = tl.load(b_base + rows[None, :] * stride_bn + ks[:, None] * stride_bk, mask=mask, other=0.0).to(dtype)
     if PER_STEP:
         scale = tl.load(s_base + (rows // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk, mask=row_ok, other=0.0)
     else:
@@ -44,18 +67,20 @@ def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, st
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr,
+    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr, z_ptr,
     N, K, num_pairs,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_se, stride_sn, stride_sk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, DIRECT: tl.constexpr,
-    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr,
+    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """C[pair, n] = (A[pair // A_ROW_DIV] @ B[expert].T)[n]: GATED reads columns n and N + n of B (gate and
     up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
     holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted). SCALING "row" or
     "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
-    BLOCK_K step ("step": BLOCK_K divides SCALE_K)."""
+    BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32 with
+scales s and zero points z [E, K / SCALE_K, N] (SCALE_N 1), the strides of B's N and K those of its columns and
+words."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if DIRECT:
@@ -72,6 +97,7 @@ def _moe_gemm_kernel(
     col_ok = cols < N
     b_base = b_ptr + expert * stride_be
     s_base = s_ptr + expert * stride_se
+    z_base = z_ptr + expert * stride_se
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if GATED:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -80,15 +106,15 @@ def _moe_gemm_kernel(
         k_ok = ks < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak,
                     mask=valid[:, None] & k_ok[None, :], other=0.0)
-        b, scale = _b_tile(b_base, cols, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, stride_sn, stride_sk,
-                           a.dtype, SCALE_N, SCALE_K, SCALING == "step")
+        b, scale = _b_tile(b_base, cols, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0, stride_sn,
+                           stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step", BITS)
         if SCALING == "step":
             acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale[None, :]
         else:
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
-            b_up, scale_up = _b_tile(b_base, cols + N, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, k0, stride_sn,
-                                     stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step")
+            b_up, scale_up = _b_tile(b_base, cols + N, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0,
+                                     stride_sn, stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step", BITS)
             if SCALING == "step":
                 acc_up += tl.dot(a, b_up, input_precision=DOT_PRECISION) * scale_up[None, :]
             else:
@@ -183,31 +209,38 @@ def moe_config(num_pairs: int, dtype: torch.dtype) -> tuple[int, int, int, int, 
     return config
 
 
-def _scaling(scales: WeightScales | None, k: int, block_k: int) -> tuple[str, int, int, int]:
+def _scaling(scales: WeightScales | GroupScales | None, k: int, block_k: int) -> tuple[str, int, int, int]:
     """(SCALING, SCALE_N, SCALE_K, BLOCK_K) for a GEMM over K = k with these scales."""
     if scales is None:
         return "none", 1, 1, block_k
-    scale_n, scale_k = scales[1]
+    scale_n, scale_k = (1, scales.group) if isinstance(scales, GroupScales) else scales[1]
     if scale_k >= k:
         return "row", scale_n, scale_k, block_k
     return "step", scale_n, scale_k, min(block_k, scale_k & -scale_k)  # BLOCK_K divides SCALE_K
 
 
-def _moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | None, out: torch.Tensor, weights: torch.Tensor,
-              layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_pairs: int, a_row_div: int, gated: bool,
-              direct: bool, config: tuple[int, int, int, int, int]) -> None:
+def _moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScales | None, out: torch.Tensor,
+              weights: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_pairs: int,
+              a_row_div: int, gated: bool, direct: bool, config: tuple[int, int, int, int, int]) -> None:
     block_m, block_n, block_k, warps, stages = config
-    n, k = out.shape[1], b.shape[2]
+    n = out.shape[1]
+    bits = scales.bits if isinstance(scales, GroupScales) else 0
+    if bits:  # [E, K / pack, N]: N along the last dimension, K's words along the middle one
+        k, b_strides = b.shape[1] * (32 // bits), (b.stride(0), b.stride(2), b.stride(1))
+        s, z = scales.scales, scales.zeros
+        s_strides = (s.stride(0), s.stride(2), s.stride(1))
+    else:
+        k, b_strides = b.shape[2], (b.stride(0), b.stride(1), b.stride(2))
+        s = z = scales[0] if scales is not None else weights
+        s_strides = (s.stride(0), s.stride(1), s.stride(2)) if scales is not None else (0, 0, 0)
     scaling, scale_n, scale_k, block_k = _scaling(scales, k, block_k)
-    s = scales[0] if scales is not None else weights
-    s_strides = (s.stride(0), s.stride(1), s.stride(2)) if scales is not None else (0, 0, 0)
     sorted_ids, block_expert, num_padded = layout
     _moe_gemm_kernel[(block_expert.shape[0], triton.cdiv(n, block_n))](
-        a, b, out, weights, sorted_ids, block_expert, num_padded, s,
+        a, b, out, weights, sorted_ids, block_expert, num_padded, s, z,
         n, k, num_pairs,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), out.stride(0), out.stride(1), *s_strides,
+        a.stride(0), a.stride(1), *b_strides, out.stride(0), out.stride(1), *s_strides,
         A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=not gated, DIRECT=direct,
-        SCALING=scaling, SCALE_N=scale_n, SCALE_K=scale_k,
+        SCALING=scaling, SCALE_N=scale_n, SCALE_K=scale_k, BITS=bits,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
     )
@@ -215,13 +248,16 @@ def _moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | None, out
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                   topk_ids: torch.Tensor, config: tuple[int, int, int, int, int] | None = None,
-                  w13_scales: WeightScales | None = None, w2_scales: WeightScales | None = None) -> torch.Tensor:
+                  w13_scales: WeightScales | GroupScales | None = None,
+                  w2_scales: WeightScales | GroupScales | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (fp32),
     topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype.
     config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS. w13 and w2 in fp8 take their
-    scales (w13's over its stacked rows: up row n is row I + n of the scale grid too)."""
+    scales (w13's over its stacked rows: up row n is row I + n of the scale grid too); with GroupScales they are
+    packed [E, H / pack, 2I] and [E, I / pack, H] (gate columns, then up columns)."""
     num_tokens, hidden = x.shape
-    num_experts, two_i, _ = w13.shape
+    num_experts = w13.shape[0]
+    two_i = w13.shape[2] if isinstance(w13_scales, GroupScales) else w13.shape[1]
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     if num_tokens == 0:

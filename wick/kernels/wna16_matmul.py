@@ -85,19 +85,29 @@ def _wna16_kernel(
 
 @triton.jit
 def _wna16_gemv_kernel(
-    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, N, K, GROUP, stride_xm, stride_om,
+    x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, experts_ptr, N, K, GROUP, stride_xm, stride_om, stride_qe,
+    stride_se,
     BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, ONE_GROUP: tl.constexpr,
+    X_ROW_DIV: tl.constexpr, EXPERTS: tl.constexpr,
 ):
-    """One row of x against BLOCK_N columns of W whose groups are contiguous (row k in group k // GROUP).
+    """Output row m against BLOCK_N columns of W whose groups are contiguous (row k in group k // GROUP).
     Every step works on the [words, columns] tile as loaded: field by field, each word's fields are summed
     against x before the word's group scale and zero point apply (once per step where ONE_GROUP: the step
-    lies in one group); the tile's rows are summed once at the end."""
+    lies in one group); the tile's rows are summed once at the end. Row m reads row m // X_ROW_DIV of x;
+    EXPERTS: W, its scales and zero points those of expert experts[m] of stacked ones (MoE experts, a (token,
+    expert) pair a row)."""
     PACK: tl.constexpr = 32 // BITS
     WORDS: tl.constexpr = BLOCK_K // PACK
+    m = tl.program_id(0)
+    if EXPERTS:
+        expert = tl.load(experts_ptr + m).to(tl.int64)
+        qweight_ptr += expert * stride_qe
+        scales_ptr += expert * stride_se
+        zeros_ptr += expert * stride_se
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     word_rows = tl.arange(0, WORDS)
-    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xm
+    x_row = x_ptr + (m // X_ROW_DIV).to(tl.int64) * stride_xm
     acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         w_rows = k0 // PACK + word_rows
@@ -121,7 +131,7 @@ def _wna16_gemv_kernel(
             zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         acc += scale * (dot - zero * x_sum[:, None])
     out = tl.sum(acc, axis=0)
-    tl.store(out_ptr + tl.program_id(0).to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=n_mask)
+    tl.store(out_ptr + m.to(tl.int64) * stride_om + cols, out.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -197,8 +207,9 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
                 num_warps=warps)
             return out.reshape(*x.shape[:-1], n)
         _wna16_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x2, qweight, scales, zeros, out, n, k, group, x2.stride(0), out.stride(0),
-            BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0, num_warps=warps)
+            x2, qweight, scales, zeros, out, out, n, k, group, x2.stride(0), out.stride(0), 0, 0,
+            BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0, X_ROW_DIV=1, EXPERTS=False,
+            num_warps=warps)
         return out.reshape(*x.shape[:-1], n)
     block_m = 1 if gemv else 16 if m <= 16 else 64
     block_n = 64 if gemv else 64
@@ -207,3 +218,25 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     _wna16_kernel[grid](x2, qweight, scales, zeros, g_idx, out, m, n, k, x2.stride(0), out.stride(0),
                         BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GEMV=gemv)
     return out.reshape(*x.shape[:-1], n)
+
+
+# Columns per program, input rows per step and warps of the expert GEMV.
+EXPERT_GEMV_CONFIG = (32, 128, 2)
+
+
+def wna16_expert_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+                      group: int, experts: torch.Tensor, x_row_div: int,
+                      gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]} for experts `qweight` [E, K / (32 / bits), N] with
+    contiguous groups of `group` rows (a multiple of 32 / bits), scales and zeros [E, ceil(K / group), N]."""
+    _, words, n = qweight.shape
+    k = words * (32 // bits)
+    x2 = x.reshape(-1, k).contiguous()
+    out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = gemv_config or EXPERT_GEMV_CONFIG
+    if out.shape[0]:
+        _wna16_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
+            x2, qweight, scales, zeros, out, experts, n, k, group, x2.stride(0), out.stride(0), qweight.stride(0),
+            scales.stride(0), BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0,
+            X_ROW_DIV=x_row_div, EXPERTS=True, num_warps=warps)
+    return out

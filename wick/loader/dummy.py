@@ -30,4 +30,4 @@ def initialize_dummy_weights(model: nn.Module, seed: int = 0, low: float = -1e-3
                 device = next(module.parameters()).device
                 method.initialize_dummy(module, generator(device), low, high)
             elif isinstance(module, FusedMoE):
-                module.initialize_dummy(generator(module.w13_weight.device), low, high)
+                module.initialize_dummy(generator(next(module.parameters()).device), low, high)

@@ -40,7 +40,7 @@ STACKED_PARAMS: dict[str, tuple[str, Any]] = {
 # one expert's matrix on disk: experts.{e}.{gate_proj|up_proj|down_proj} (Mixtral: w1, w3, w2), and an FP8
 # checkpoint's scales of it
 _EXPERT = re.compile(r"\.experts\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\."
-                     r"(weight|weight_scale_inv|weight_scale|input_scale)$")
+                     r"(weight|weight_scale_inv|weight_scale|input_scale|qweight|qzeros|scales|g_idx)$")
 _EXPERT_KIND = {"gate_proj": "gate", "w1": "gate", "up_proj": "up", "w3": "up", "down_proj": "down", "w2": "down"}
 # all experts stacked, as transformers 5 holds them: experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]
 _STACKED_EXPERTS = {"experts.gate_up_proj": ("w13_weight", "gate_up"), "experts.down_proj": ("w2_weight", "down")}

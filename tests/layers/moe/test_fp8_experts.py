@@ -5,42 +5,32 @@ refusals in one line; random fp8 experts for `--load-format dummy`."""
 
 from __future__ import annotations
 
-import socket
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from transformers import AutoConfig, AutoModelForCausalLM
+from moe_checkpoints import (
+    ATTENTION,
+    TP_PROMPT,
+    assert_same_logits,
+    build_ours,
+    first_logits,
+    hf_model,
+    logits_on_two_ranks,
+    per_expert,
+    reference,
+)
 
 from wick.kernels.fp8_matmul import fp8_dequantize
 from wick.layers.moe.fused_moe import FusedMoE
 from wick.layers.quantization import resolve_quantization
-from wick.layers.quantization.base import QuantizationConfig, quantization_scope
+from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.fp8 import FP8_MAX, Fp8Config, quantize_rows
 from wick.loader.dummy import initialize_dummy_weights
-from wick.loader.weights import process_weights_after_loading
 from wick.models.config import MoeSpec
-from wick.models.registry import get_model_class
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "models"))
-from paged_generate import PagedRunner, Sequence  # noqa: E402
-
-# hidden 320: a partial 128-wide scale tile at the end of every row of w13 and of every column of w2
-SIZES = dict(vocab_size=96, hidden_size=320, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=128, max_position_embeddings=512, num_experts=4, num_experts_per_tok=2,
-             moe_intermediate_size=256, norm_topk_prob=True, tie_word_embeddings=False)
-ATTENTION = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight")
 BLOCK_CONFIG = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
-
-
-def _hf_model(**sizes: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("qwen3_moe", **{**SIZES, **sizes})
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
 def _block_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,28 +49,12 @@ def _tensor_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale).to(torch.float8_e4m3fn), scale
 
 
-def _per_expert(state: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
-    """transformers 5's stacked experts as checkpoints on the hub hold them: experts.{e}.{gate,up,down}_proj.weight."""
-    for name, tensor in state.items():
-        prefix, _, stacked = name.rpartition("experts.")
-        if stacked == "gate_up_proj":
-            inter = tensor.shape[1] // 2
-            for e, matrix in enumerate(tensor):
-                yield f"{prefix}experts.{e}.gate_proj.weight", matrix[:inter]
-                yield f"{prefix}experts.{e}.up_proj.weight", matrix[inter:]
-        elif stacked == "down_proj":
-            for e, matrix in enumerate(tensor):
-                yield f"{prefix}experts.{e}.down_proj.weight", matrix
-        else:
-            yield name, tensor
-
-
 def _checkpoint(hf: torch.nn.Module, quantize: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
                 scale_name: str, input_scales: bool = False) -> tuple[list, dict[str, torch.Tensor]]:
     """An FP8 checkpoint of `hf` (its attention and experts quantized, one matrix at a time) and the weights it
     dequantizes to, stacked back as transformers 5 holds them."""
     checkpoint, dequantized = [], {}
-    for name, tensor in _per_expert(hf.state_dict()):
+    for name, tensor in per_expert(hf.state_dict()):
         if name.endswith(ATTENTION) or ".experts." in name:
             weight, scale = quantize(tensor)
             checkpoint += [(name, weight), (name.replace("weight", scale_name), scale)]
@@ -93,39 +67,6 @@ def _checkpoint(hf: torch.nn.Module, quantize: Callable[[torch.Tensor], tuple[to
     return checkpoint, dequantized
 
 
-def _reference(hf: torch.nn.Module, dequantized: dict[str, torch.Tensor]) -> torch.nn.Module:
-    state = {}
-    for name, tensor in hf.state_dict().items():
-        prefix, _, stacked = name.rpartition("experts.")
-        experts = range(tensor.shape[0]) if stacked in ("gate_up_proj", "down_proj") else ()
-        if stacked == "gate_up_proj":
-            tensor = torch.stack([torch.cat([dequantized[f"{prefix}experts.{e}.gate_proj.weight"],
-                                             dequantized[f"{prefix}experts.{e}.up_proj.weight"]]) for e in experts])
-        elif stacked == "down_proj":
-            tensor = torch.stack([dequantized[f"{prefix}experts.{e}.down_proj.weight"] for e in experts])
-        state[name] = dequantized.get(name, tensor)
-    reference = type(hf)(hf.config).eval()
-    reference.load_state_dict(state)
-    return reference
-
-
-def _ours(hf: torch.nn.Module, config: QuantizationConfig, checkpoint) -> torch.nn.Module:
-    with quantization_scope(config):
-        ours = get_model_class([type(hf).__name__])(hf.config).eval()
-    with torch.no_grad():
-        ours.load_weights(checkpoint)
-    process_weights_after_loading(ours)
-    return ours
-
-
-def _assert_same_logits(ours: torch.nn.Module, reference: torch.nn.Module) -> None:
-    prompt = [5, 17, 3, 60, 2, 41, 9, 9, 30]
-    (logits,) = PagedRunner(ours).step([(Sequence(prompt), len(prompt))])
-    with torch.no_grad():
-        expected = reference(torch.tensor([prompt])).logits[0]
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
-
-
 def _experts(model: torch.nn.Module) -> list[FusedMoE]:
     layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
     assert layers and all(m.fp8 is not None and m.w13_weight.dtype == torch.float8_e4m3fn for m in layers)
@@ -134,70 +75,51 @@ def _experts(model: torch.nn.Module) -> list[FusedMoE]:
 
 def test_block_scaled_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
-    hf = _hf_model()
+    hf = hf_model()
     checkpoint, dequantized = _checkpoint(hf, _block_quantize, "weight_scale_inv")
-    ours = _ours(hf, Fp8Config.from_config(BLOCK_CONFIG), checkpoint)
+    ours = build_ours(hf.config, Fp8Config.from_config(BLOCK_CONFIG), checkpoint)
     assert {m.fp8.experts["w13"].block for m in _experts(ours)} == {(128, 128)}
-    _assert_same_logits(ours, _reference(hf, dequantized))
-
-
-def _rank_main(rank: int, port: int, config, checkpoint: list, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        torch.set_num_threads(1)
-        with quantization_scope(Fp8Config.from_config(BLOCK_CONFIG)):
-            model = get_model_class(["Qwen3MoeForCausalLM"])(config).eval()
-        with torch.no_grad():
-            model.load_weights(checkpoint)
-        process_weights_after_loading(model)
-        (logits,) = PagedRunner(model).step([(Sequence([5, 17, 3, 60, 2]), 5)])
-        if rank == 0:
-            torch.save(logits, out)
-    finally:
-        dist.destroy_process_group()
+    assert_same_logits(ours, reference(hf, dequantized))
 
 
 @pytest.mark.slow
 def test_block_scaled_checkpoint_on_two_ranks(tmp_path: Path) -> None:
     """Each of two gloo ranks holds half of every expert's intermediate rows (one 128-row scale tile of 256). Hidden
     384: a dense layer's unsplit output dimension is whole scale tiles under tensor parallelism."""
-    hf = _hf_model(hidden_size=384)
+    hf = hf_model(hidden_size=384)
     checkpoint, _ = _checkpoint(hf, _block_quantize, "weight_scale_inv")
-    (expected,) = PagedRunner(_ours(hf, Fp8Config.from_config(BLOCK_CONFIG), checkpoint)).step(
-        [(Sequence([5, 17, 3, 60, 2]), 5)])
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_rank_main, args=(port, hf.config, checkpoint, str(out)), nprocs=2)
-    torch.testing.assert_close(torch.load(out), expected, atol=1e-4, rtol=1e-4)
+    config = Fp8Config.from_config(BLOCK_CONFIG)
+    expected = first_logits(build_ours(hf.config, config, checkpoint), TP_PROMPT)
+    torch.testing.assert_close(logits_on_two_ranks(hf.config, config, checkpoint, tmp_path), expected, atol=1e-4,
+                               rtol=1e-4)
 
 
 def test_per_tensor_checkpoint_with_static_input_scales(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
-    hf = _hf_model()
+    hf = hf_model()
     checkpoint, dequantized = _checkpoint(hf, _tensor_quantize, "weight_scale", input_scales=True)
-    ours = _ours(hf, Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "static"}), checkpoint)
+    config = Fp8Config.from_config({"quant_method": "fp8", "activation_scheme": "static"})
+    ours = build_ours(hf.config, config, checkpoint)
     layer = _experts(ours)[0]
     assert layer.w13_weight_scale.shape == (4, 2, 1) and layer.fp8.experts["w13"].block == (256, 320)
-    _assert_same_logits(ours, _reference(hf, dequantized))
+    assert_same_logits(ours, reference(hf, dequantized))
 
 
 def test_in_situ(monkeypatch: pytest.MonkeyPatch) -> None:
     """`-q fp8` on a float checkpoint (transformers 5's stacked experts): one scale a row of every expert."""
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
-    hf = _hf_model()
+    hf = hf_model()
     config = resolve_quantization("fp8", "safetensors", hf.config)
-    ours = _ours(hf, config, hf.state_dict().items())
+    ours = build_ours(hf.config, config, hf.state_dict().items())
     assert _experts(ours)[0].w13_weight_scale.shape == (4, 512, 1)
 
     def rounded(w: torch.Tensor) -> torch.Tensor:
         weight, scale = quantize_rows(w)
         return weight.float() * scale
 
-    dequantized = {name: rounded(t) for name, t in _per_expert(hf.state_dict())
+    dequantized = {name: rounded(t) for name, t in per_expert(hf.state_dict())
                    if name.endswith(ATTENTION) or ".experts." in name}
-    _assert_same_logits(ours, _reference(hf, dequantized))
+    assert_same_logits(ours, reference(hf, dequantized))
 
 
 def test_block_scales_off_the_intermediate_size_are_refused() -> None:

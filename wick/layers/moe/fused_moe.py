@@ -22,10 +22,13 @@ from wick.layers.linear import divide
 from wick.layers.moe.fp8_experts import Fp8Experts, Fp8ExpertWeights, fused_experts_fp8
 from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf, packs_experts
 from wick.layers.moe.routing import select_experts
+from wick.layers.moe.wna16_experts import Wna16Experts, Wna16ExpertWeights, fused_experts_wna16
+from wick.layers.quantization.awq import AWQConfig
 from wick.layers.quantization.base import QuantizationConfig, current_quantization
 from wick.layers.quantization.fp8 import Fp8Config
 from wick.layers.quantization.gguf import GGUFWeight, as_dense
 from wick.layers.quantization.gguf_quantize import quantize
+from wick.layers.quantization.gptq import GPTQConfig
 
 if TYPE_CHECKING:
     from wick.models.config import MoeSpec
@@ -38,9 +41,11 @@ def _warn_once(message: str) -> None:
     logger.warning(message)
 
 
+Experts = torch.Tensor | PackedExperts | Fp8Experts | Wna16Experts
+
+
 def fused_experts_ref(
-    x: torch.Tensor, w13: torch.Tensor | PackedExperts | Fp8Experts, w2: torch.Tensor | PackedExperts | Fp8Experts,
-    topk_weights: torch.Tensor,
+    x: torch.Tensor, w13: Experts, w2: Experts, topk_weights: torch.Tensor,
     topk_ids: torch.Tensor
 ) -> torch.Tensor:
     """sum_k weight_k * down_e(silu(gate_e(x)) * up_e(x)) over each token's chosen experts e = ids_k."""
@@ -102,12 +107,16 @@ class FusedMoE(nn.Module):
         # A GGUF checkpoint's experts arrive packed: w13's and w2's buffers are made at their first expert's load,
         # packed (in `packed`) where their type has kernels, else as floats. In-situ quantization packs a float
         # checkpoint's experts as each shard arrives. FP8 experts stay fp8 (`fp8`), a float checkpoint's quantized
-        # as they load.
+        # as they load. GPTQ and AWQ experts stay in their 4 or 8 bits (`wna16`).
         config = current_quantization()
         self.gguf = config is not None and config.packs_gguf()
         self.isq_type = self._in_situ_type(config)
         self.packed: dict[str, PackedExperts] = {}
         self.fp8: Fp8ExpertWeights | None = None
+        self.wna16: Wna16ExpertWeights | None = None
+        if isinstance(config, (GPTQConfig, AWQConfig)):
+            self.wna16 = Wna16ExpertWeights(config, self)
+            return
         if isinstance(config, Fp8Config):
             self.fp8 = Fp8ExpertWeights(config, self)
         elif self.gguf:
@@ -217,9 +226,11 @@ class FusedMoE(nn.Module):
             packed.data[expert].narrow(0, 0 if kind == "gate" else i, i).copy_(loaded.rows(start, i).data)
 
     def initialize_dummy(self, generator: torch.Generator, low: float, high: float) -> None:
-        """Random packed or fp8 experts for the dummy loader: floats uniform in [low, high], quantized."""
+        """Random packed, fp8 or GPTQ/AWQ experts for the dummy loader: floats uniform in [low, high], quantized."""
         if self.fp8 is not None:
             self.fp8.initialize_dummy(generator, low, high)
+        if self.wna16 is not None:
+            self.wna16.initialize_dummy(generator, high)
         for packed in self.packed.values():
             experts, rows, columns = packed.shape
             for expert in range(experts):
@@ -228,7 +239,10 @@ class FusedMoE(nn.Module):
 
     def process_weights_after_loading(self) -> None:
         """Where only one of w13 and w2 stayed packed, it is decoded too: the kernels take both packed or neither.
-        FP8 experts on a GPU that cannot convert fp8 in its kernels are converted to the model's dtype."""
+        FP8 experts on a GPU that cannot convert fp8 in its kernels are converted to the model's dtype. GPTQ and AWQ
+        experts are brought to their kernels' layout."""
+        if self.wna16 is not None:
+            self.wna16.process_weights_after_loading()
         if self.fp8 is not None and self.w13_weight.is_cuda and torch.cuda.get_device_capability(
                 self.w13_weight.device) < (8, 9):
             _warn_once("MoE experts converted from fp8 to the model's dtype: this GPU has no fp8 conversions")
@@ -256,12 +270,15 @@ class FusedMoE(nn.Module):
             weights, ids = select_experts(
                 router_logits, spec.top_k, spec.renormalize, spec.scoring, spec.num_expert_group, spec.topk_group,
                 spec.group_score, correction_bias, spec.routed_scaling_factor)
-        experts = self.packed or (self.fp8.experts if self.fp8 is not None else {})
+        quantized = self.fp8 or self.wna16
+        experts = self.packed or (quantized.experts if quantized is not None else {})
         w13, w2 = (experts["w13"], experts["w2"]) if experts else (self.w13_weight, self.w2_weight)
         if x.is_cuda and self.packed:
             out = fused_experts_gguf(x, w13, w2, weights, ids)
         elif x.is_cuda and self.fp8 is not None:
             out = fused_experts_fp8(x, w13, w2, weights, ids)
+        elif x.is_cuda and self.wna16 is not None:
+            out = fused_experts_wna16(x, w13, w2, weights, ids)
         elif x.is_cuda:
             from wick.kernels.fused_moe import fused_experts
 

@@ -91,7 +91,7 @@ class GPTQLinearMethod(LinearMethod):
     def initialize_dummy(self, layer: nn.Module, generator: torch.Generator, low: float, high: float) -> None:
         fill_dummy_wna16(layer, generator, self.config.bits, high)
         center = 1 << (self.config.bits - 1)
-        layer.qzeros.data.fill_(_splat(center - self.config.zero_offset, self.config.bits))
+        layer.qzeros.data.fill_(splat(center - self.config.zero_offset, self.config.bits))
         if self.config.group_size == -1 or layer.g_idx.numel() == 0:
             layer.g_idx.data.zero_()
         else:
@@ -151,7 +151,7 @@ def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) ->
     return out + bias if bias is not None else out
 
 
-def _splat(value: int, bits: int) -> int:
+def splat(value: int, bits: int) -> int:
     """An int32 word holding `value` in every field."""
     word = 0
     for shift in range(0, 32, bits):
