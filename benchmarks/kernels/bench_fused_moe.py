@@ -49,8 +49,9 @@ SWEEP = {
     "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256, 512], [2, 4], [3, 4, 5])),
     "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
 }
-# (columns, input rows a step, warps) of the 4- / 8-bit expert GEMV.
-GEMV_SWEEP = list(itertools.product([16, 32, 64, 128], [64, 128, 256, 512], [1, 2, 4]))
+# (columns, input rows a step, warps, warps an SM that splitting K aims at) of the 4-bit expert GEMV (its steps are
+# 128 rows, a group).
+GEMV_SWEEP = list(itertools.product([16, 32, 64, 128], [128], [1, 2, 4], [0, 16, 32, 64]))
 
 
 def matmul_peak(dtype: torch.dtype, size: int = 8192) -> float:

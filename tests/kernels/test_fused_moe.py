@@ -9,11 +9,12 @@ import torch
 
 from wick.kernels import fused_moe
 from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
-from wick.kernels.wna16_matmul import pack_rows
+from wick.kernels.int8_activations import quantize_q8_ref
+from wick.kernels.wna16_matmul import pack_rows, takes_int8_activations
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
-from wick.layers.moe.wna16_experts import Wna16Experts, fused_experts_wna16
+from wick.layers.moe.wna16_experts import EXPERT_GEMV_MAX_PAIRS, Wna16Experts, fused_experts_wna16
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -146,15 +147,35 @@ def to_wna16(w: torch.Tensor, bits: int, group: int) -> Wna16Experts:
 WNA16_GROUPS = {"4bit_g128": (4, 128, 128), "4bit_g32": (4, 32, 32), "8bit_channel": (8, 160, 64)}
 
 
+def gemv_ref(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, topk_weights: torch.Tensor,
+             topk_ids: torch.Tensor) -> torch.Tensor:
+    """The reference with each expert's input rounded to int8 in runs of 32 (quantize_q8_ref) where the GEMV over
+    its weights takes int8 activations."""
+
+    def rounded(rows: torch.Tensor, experts: Wna16Experts) -> torch.Tensor:
+        _, _, k = experts.shape
+        return quantize_q8_ref(rows) if takes_int8_activations(experts.bits, experts.group, k) else rows.float()
+
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for pair, expert in enumerate(topk_ids.flatten().tolist()):
+        token = pair // topk_ids.shape[1]
+        gate, up = (rounded(x[token:token + 1], w13) @ w13[expert].float().t()).chunk(2, dim=-1)
+        hidden = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+        out[token] += topk_weights.flatten()[pair] * (rounded(hidden, w2) @ w2[expert].float().t())[0]
+    return out.to(x.dtype)
+
+
 @pytest.mark.parametrize("groups", WNA16_GROUPS.values(), ids=WNA16_GROUPS.keys())
 @pytest.mark.parametrize(("num_tokens", "path"), [(3, "gemv"), (3, "tiles"), (40, "tiles")])
 def test_wna16_experts_match_reference(groups: tuple[int, int, int], num_tokens: int, path: str) -> None:
     """4- and 8-bit experts against the reference over the same experts dequantized: the GEMVs (a pair a row, its
-    expert chosen inside), and the tiles a pair each (3 tokens) and sorted by expert (40)."""
+    expert chosen inside; 4-bit groups of whole 32-row runs take int8 activations: w13 over hidden 160 in groups of
+    128 does not, w2 in groups of 64 and both in groups of 32 do), and the tiles a pair each (3 tokens) and sorted
+    by expert (40)."""
     x, w13, w2, weights, ids = make_case(num_tokens, 6, 2, hidden=160, inter=64, dtype=torch.float32)
     bits, group13, group2 = groups
     q13, q2 = to_wna16(w13, bits, group13), to_wna16(w2, bits, group2)
-    expected = fused_experts_ref(x, q13, q2, weights, ids)
+    expected = (gemv_ref if path == "gemv" else fused_experts_ref)(x, q13, q2, weights, ids)
     out = fused_experts_wna16(x, q13, q2, weights, ids, path)
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
 
@@ -201,13 +222,17 @@ def test_qwen3_moe_shapes_fp8_cuda(num_tokens: int, block: tuple[int, int] | Non
 @pytest.mark.parametrize("num_tokens", [1, 7, 256, 2048])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_qwen3_moe_shapes_wna16_cuda(num_tokens: int, bits: int) -> None:
-    """Qwen3-30B-A3B's experts as its GPTQ checkpoints hold them (groups of 128) on both paths."""
+    """Qwen3-30B-A3B's experts as its GPTQ checkpoints hold them (groups of 128): the tiles, and the GEMVs where they
+    run (4 bits: against int8 activations)."""
     x, w13, w2, weights, ids = make_case(num_tokens, 128, 8, hidden=2048, inter=768, dtype=torch.bfloat16,
                                          device="cuda")
     q13, q2 = to_wna16(w13, bits, 128), to_wna16(w2, bits, 128)
     expected = fused_experts_ref(x.float(), q13.dequantize_all().float(), q2.dequantize_all().float(), weights, ids)
-    for path in ("gemv", "tiles"):
-        out = fused_experts_wna16(x, q13, q2, weights, ids, path)
+    out = fused_experts_wna16(x, q13, q2, weights, ids, "tiles")
+    torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=3e-2)
+    if num_tokens * 8 <= EXPERT_GEMV_MAX_PAIRS:
+        expected = gemv_ref(x.float(), q13, q2, weights, ids)
+        out = fused_experts_wna16(x, q13, q2, weights, ids, "gemv")
         torch.testing.assert_close(out.float(), expected, atol=1e-2 * expected.abs().max().item(), rtol=3e-2)
 
 

@@ -136,21 +136,30 @@ def _wna16_gemv_kernel(
 
 @triton.jit
 def _w4a8_gemv_kernel(
-    xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, work_ptr, counts_ptr, M, N, K, GROUP,
-    SPLIT_STEPS, SPLITS, stride_om,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+    xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, M, N, K,
+    GROUP, SPLIT_STEPS, SPLITS, stride_om, stride_qe, stride_se,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, X_ROW_DIV: tl.constexpr,
+    EXPERTS: tl.constexpr,
 ):
     """One row of x, rounded to int8 and interleaved by quantize_q8, against BLOCK_N columns of 4-bit W whose
     groups are contiguous and hold whole steps (GROUP a multiple of BLOCK_K). A word's low nibbles (its even
     input rows) meet x's four even codes in one dp4a, its high nibbles the odd ones in another; a word's
     integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Where SPLIT,
-    program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py)."""
+    program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py). Output row m reads row
+    m // X_ROW_DIV of x; EXPERTS: W, its scales and zero points those of expert experts[m] of stacked ones."""
     WORDS: tl.constexpr = BLOCK_K // 8
+    m = tl.program_id(0)
+    if EXPERTS:
+        expert = tl.load(experts_ptr + m).to(tl.int64)
+        qweight_ptr += expert * stride_qe
+        scales_ptr += expert * stride_se
+        zeros_ptr += expert * stride_se
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     word_rows = tl.arange(0, WORDS)
-    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + tl.program_id(0).to(tl.int64) * (K // 4)
-    runs = tl.program_id(0).to(tl.int64) * (K // 32)
+    x_row = (m // X_ROW_DIV).to(tl.int64)
+    x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4)
+    runs = x_row * (K // 32)
     step_runs = tl.arange(0, BLOCK_K // 32)
     acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
     acc_zero = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -168,7 +177,7 @@ def _w4a8_gemv_kernel(
         zero = tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
         acc += scale[None, :] * (dot.to(tl.float32) * x_scale)
         acc_zero += scale * zero * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
-    store_split_output(tl.sum(acc, axis=0) - acc_zero, tl.program_id(0), cols, n_mask, out_ptr, stride_om,
+    store_split_output(tl.sum(acc, axis=0) - acc_zero, m, cols, n_mask, out_ptr, stride_om,
                        work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
 
 
@@ -193,24 +202,10 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0:
         return out.reshape(*x.shape[:-1], n)
-    gemv = m <= GEMV_MAX_ROWS
-    if gemv and group is not None:
-        block_n, block_k, warps, split_warps = gemv_config or WNA16_GEMV_CONFIG
-        step = math.gcd(block_k, group)  # the int8 GEMV's steps lie in one group each
-        if bits == 4 and step % 32 == 0 and k % step == 0:
-            xq, xd, xs = quantize_q8(x2, interleave=True)
-            grid = (m, triton.cdiv(n, block_n))
-            split = SplitK(k // step, m * grid[1], warps, split_warps, out, split_k)
-            _w4a8_gemv_kernel[(*grid, split.splits)](
-                xq, xd, xs, qweight, scales, zeros, out, split.work, split.counts, m, n, k, group, split.steps,
-                split.splits, out.stride(0), BLOCK_N=block_n, BLOCK_K=step, SPLIT=split.splits > 1, DP4A=DP4A,
-                num_warps=warps)
-            return out.reshape(*x.shape[:-1], n)
-        _wna16_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x2, qweight, scales, zeros, out, out, n, k, group, x2.stride(0), out.stride(0), 0, 0,
-            BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0, X_ROW_DIV=1, EXPERTS=False,
-            num_warps=warps)
+    if m <= GEMV_MAX_ROWS and group is not None:
+        _gemv(x2, qweight, scales, zeros, bits, group, out, None, 1, gemv_config or WNA16_GEMV_CONFIG, split_k)
         return out.reshape(*x.shape[:-1], n)
+    gemv = m <= GEMV_MAX_ROWS
     block_m = 1 if gemv else 16 if m <= 16 else 64
     block_n = 64 if gemv else 64
     block_k = 128 if gemv else 32
@@ -220,23 +215,51 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     return out.reshape(*x.shape[:-1], n)
 
 
-# Columns per program, input rows per step and warps of the expert GEMV.
-EXPERT_GEMV_CONFIG = (32, 128, 2)
+def takes_int8_activations(bits: int, group: int, k: int, block_k: int = WNA16_GEMV_CONFIG[1]) -> bool:
+    """Whether the GEMV over W of `bits` in contiguous groups of `group` of k rows rounds x to int8 (steps of
+    gcd(block_k, group) rows lie in one group each, whole 32-row runs of x, and end at k)."""
+    step = math.gcd(block_k, group)
+    return bits == 4 and step % 32 == 0 and k % step == 0
+
+
+def _gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
+          out: torch.Tensor, experts: torch.Tensor | None, x_row_div: int, config: tuple[int, int, int, int],
+          split_k: int | None) -> None:
+    """out[m] = x2[m // x_row_div] @ W (of expert experts[m] of stacked [E, ...] ones where experts is given), W's
+    groups contiguous: 4-bit W against x rounded to int8 where the groups hold whole 32-row runs, else in floats."""
+    m, (n, k) = out.shape[0], (out.shape[1], x2.shape[1])
+    block_n, block_k, warps, split_warps = config
+    stacked = experts is not None
+    expert_strides = (qweight.stride(0), scales.stride(0)) if stacked else (0, 0)
+    step = math.gcd(block_k, group)
+    grid = (m, triton.cdiv(n, block_n))
+    if takes_int8_activations(bits, group, k, block_k):
+        xq, xd, xs = quantize_q8(x2, interleave=True)
+        split = SplitK(k // step, m * grid[1], warps, split_warps, out, split_k)
+        _w4a8_gemv_kernel[(*grid, split.splits)](
+            xq, xd, xs, qweight, scales, zeros, out, split.work, split.counts, experts if stacked else out, m, n, k,
+            group, split.steps, split.splits, out.stride(0), *expert_strides, BLOCK_N=block_n, BLOCK_K=step,
+            SPLIT=split.splits > 1, DP4A=DP4A, X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps)
+        return
+    _wna16_gemv_kernel[grid](
+        x2, qweight, scales, zeros, out, experts if stacked else out, n, k, group, x2.stride(0), out.stride(0),
+        *expert_strides, BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0,
+        X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps)
+
+
+# (columns, input rows a step, warps, warps an SM that splitting K aims at) of the expert GEMV.
+EXPERT_GEMV_CONFIG = (32, 128, 2, 32)
 
 
 def wna16_expert_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
                       group: int, experts: torch.Tensor, x_row_div: int,
-                      gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                      gemv_config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]} for experts `qweight` [E, K / (32 / bits), N] with
     contiguous groups of `group` rows (a multiple of 32 / bits), scales and zeros [E, ceil(K / group), N]."""
     _, words, n = qweight.shape
-    k = words * (32 // bits)
-    x2 = x.reshape(-1, k).contiguous()
+    x2 = x.reshape(-1, words * (32 // bits)).contiguous()
     out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = gemv_config or EXPERT_GEMV_CONFIG
     if out.shape[0]:
-        _wna16_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
-            x2, qweight, scales, zeros, out, experts, n, k, group, x2.stride(0), out.stride(0), qweight.stride(0),
-            scales.stride(0), BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0,
-            X_ROW_DIV=x_row_div, EXPERTS=True, num_warps=warps)
+        _gemv(x2, qweight, scales, zeros, bits, group, out, experts, x_row_div, gemv_config or EXPERT_GEMV_CONFIG,
+              None)
     return out
