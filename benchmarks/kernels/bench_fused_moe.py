@@ -49,6 +49,8 @@ SWEEP = {
     "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256, 512], [2, 4], [3, 4, 5])),
     "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
 }
+# Tile shapes over 4- / 8-bit experts, whose B tiles are unpacked in registers at every step.
+WNA16_TILE_SWEEP = list(itertools.product([16, 64, 128], [64, 128], [64, 128], [4, 8], [3]))
 # (columns, input rows a step, warps, warps an SM that splitting K aims at) of the 4-bit expert GEMV (its steps are
 # 128 rows, a group).
 GEMV_SWEEP = list(itertools.product([16, 32, 64, 128], [128], [1, 2, 4], [0, 16, 32, 64]))
@@ -96,7 +98,8 @@ def main() -> None:
                  [w13.group_scales for w13, _ in layers], [w2.group_scales for _, w2 in layers])
         print(f"{args.wna16}-bit experts, groups of 128:")
         gemv_sweep([t for t in args.tokens if t * k <= EXPERT_GEMV_MAX_PAIRS], layers, args)
-        sweep([t for t in args.tokens if t * k > EXPERT_GEMV_MAX_PAIRS], tiles, e, k, h, dtype, None, args.rotate)
+        sweep([t for t in args.tokens if t * k > EXPERT_GEMV_MAX_PAIRS], tiles, e, k, h, dtype, None, args.rotate,
+              packed=True)
     elif args.sweep:
         if not args.fp8:
             sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
@@ -314,19 +317,22 @@ def graph_ms(fn: Callable[[], None]) -> float:
 
 
 def sweep(token_counts: list[int], layers: tuple, experts: int, top_k: int, hidden: int, dtype: torch.dtype,
-          json_path: str | None, groups: int) -> None:
-    """Every config of SWEEP at every token count: the default's and the best's microseconds."""
+          json_path: str | None, groups: int, packed: bool = False) -> None:
+    """Every config of SWEEP (WNA16_TILE_SWEEP over 4- or 8-bit experts, `packed`) at every token count: the
+    default's and the best's microseconds."""
     results = {}
     for tokens in token_counts:
         x = torch.randn(tokens, hidden, dtype=dtype, device="cuda")
         routes = routings(tokens, experts, top_k, groups)
         timings = {}
-        for config in SWEEP["small" if tokens * top_k <= 512 else "large"] + [moe_config(tokens * top_k, dtype)]:
+        default = moe_config(tokens * top_k, dtype, packed)
+        candidates = WNA16_TILE_SWEEP if packed else SWEEP["small" if tokens * top_k <= 512 else "large"]
+        for config in [*candidates, default]:
             try:
                 timings[str(config)] = time_ms(x, layers, routes, config) * 1e3
             except Exception as error:  # a tile too large for the shared memory
                 print(f"{tokens} tokens {config}: {type(error).__name__}")
-        default = str(moe_config(tokens * top_k, dtype))
+        default = str(default)
         best = min(timings, key=timings.get)
         print(f"sweep {tokens} tokens: default {default} {timings[default]:.1f} us, best {best} {timings[best]:.1f} us")
         results[tokens] = {"default": default, "best": best, "timings": timings}
