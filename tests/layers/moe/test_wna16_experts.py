@@ -1,10 +1,12 @@
 """MoE experts of GPTQ and AWQ checkpoints: a small Qwen3-MoE quantized by our round-to-nearest quantizer into the
 published layouts (every expert's gate, up and down projections and the attention as GPTQ or AWQ layers), against
 the HF forward over the weights they dequantize to, on one rank and on two; act-order and ill-fitting groups refused
-in one line; random packed experts for `--load-format dummy`."""
+in one line; a GPTQ checkpoint folder served by the engine (CPU, and the kernels on a GPU) with HF's greedy tokens;
+random packed experts for `--load-format dummy`."""
 
 from __future__ import annotations
 
+import copy
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +33,11 @@ from wick.loader.dummy import initialize_dummy_weights
 from wick.models.config import MoeSpec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quantization"))
+from hf_configs import word_tokenizer  # noqa: E402 (tests/models, on the path from moe_checkpoints)
 from int_checkpoints import awq_tensors, gptq_tensors  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+
+from wick import LLM, SamplingParams  # noqa: E402
 
 Quantize = Callable[[torch.Tensor], tuple[dict[str, torch.Tensor], torch.Tensor]]
 
@@ -143,3 +149,48 @@ def test_dummy_experts(config: QuantizationConfig) -> None:
     dense.w13_weight.data = layer.wna16.experts["w13"].dequantize_all()
     dense.w2_weight.data = layer.wna16.experts["w2"].dequantize_all()
     torch.testing.assert_close(layer(x, logits), dense(x, logits))
+
+
+def _gptq_folder(tmp_path: Path, bits: int) -> tuple[str, list[list[int]], list[list[int]]]:
+    """A GPTQ checkpoint folder (config.json with its quantization_config, model.safetensors, a tokenizer), prompts,
+    and HF's greedy tokens over the weights it dequantizes to."""
+    hf = hf_model()
+    _, quantize = _gptq(bits, 128, True)
+    checkpoint, dequantized = _checkpoint(hf, quantize)
+    config = copy.deepcopy(hf.config)
+    config.architectures = [type(hf).__name__]
+    config.quantization_config = {"quant_method": "gptq", "bits": bits, "group_size": 128, "desc_act": False,
+                                  "sym": True}
+    config.save_pretrained(tmp_path)
+    save_file({name: tensor.contiguous() for name, tensor in checkpoint}, tmp_path / "model.safetensors")
+    word_tokenizer(config.vocab_size).save_pretrained(tmp_path)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(3, config.vocab_size, (n,), generator=g).tolist() for n in (5, 19, 30, 11)]
+    reference_model = reference(hf, dequantized)
+    with torch.no_grad():
+        expected = [reference_model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+                    for p in prompts]
+    return str(tmp_path), prompts, expected
+
+
+@pytest.mark.slow
+def test_gptq_folder_through_the_engine(tmp_path: Path) -> None:
+    """config.json's quantization_config read, the experts loaded packed, HF's greedy tokens with chunked prefill
+    and preemption (14 blocks of 4 tokens cannot hold the four requests)."""
+    folder, prompts, expected = _gptq_folder(tmp_path, 4)
+    llm = LLM(folder, block_size=4, num_kv_blocks=14, max_num_batched_tokens=8, max_num_seqs=4)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert llm.core.scheduler.num_preemptions > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gptq_folder_through_the_engine_on_cuda(tmp_path: Path) -> None:
+    """The same in fp32 on a GPU: the expert GEMVs and the dense W8A16 GEMVs in CUDA graphs (8 bits: the activations
+    stay float, as the reference's)."""
+    folder, prompts, expected = _gptq_folder(tmp_path, 8)
+    llm = LLM(folder, device="cuda", dtype="float32", attention_backend="triton", block_size=16, max_num_seqs=4,
+              kv_cache_memory=256 * 2**20)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outputs] == expected
