@@ -7,7 +7,14 @@ import torch
 
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.int8_activations import quantize_q8_ref
-from wick.kernels.wna16_matmul import GEMV_MAX_ROWS, pack_rows, unpack_rows, wna16_dequantize, wna16_matmul
+from wick.kernels.wna16_matmul import (
+    GEMV_MAX_ROWS,
+    pack_rows,
+    unpack_rows,
+    wna16_dequantize,
+    wna16_dequantize_triton,
+    wna16_matmul,
+)
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
@@ -16,7 +23,7 @@ TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 def _weights(bits: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(bits + k)
     q = torch.randint(0, 1 << bits, (k, n), generator=g)
-    groups = k // group
+    groups = -(-k // group)
     g_idx = torch.arange(k) // group
     if shuffled:
         g_idx = g_idx[torch.randperm(k, generator=g)]
@@ -39,8 +46,22 @@ def test_matches_dequantized_matmul(bits: int, rows: int, shuffled: bool) -> Non
     _check(bits, rows, 192, 80, 32, shuffled, torch.float32)
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sequential", "act_order"])
+def test_dequantize_kernel(bits: int, shuffled: bool) -> None:
+    """The one-kernel dequantization against the reference, K and N not multiples of its tile."""
+    weights = _weights(bits, 200, 136, 40, shuffled, torch.float32)
+    torch.testing.assert_close(wna16_dequantize_triton(*weights, bits), wna16_dequantize(*weights, bits))
+
+
 def test_half_precision() -> None:
     _check(4, 20, 128, 64, 64, False, torch.float16)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_tiles_over_whole_groups_a_step(bits: int) -> None:
+    """Groups of 128 in steps of 128 rows (the scales once a step's product), the last step partial (K 320)."""
+    _check(bits, 12, 320, 72, 128, False, torch.float16)
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -76,9 +97,10 @@ def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dty
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [1, 7, 64, 500])
-def test_gpu_bf16(bits: int, rows: int) -> None:
-    _check(bits, rows, 4096, 1024, 128, True, torch.bfloat16)
+@pytest.mark.parametrize("rows", [1, 7, 9, 40, 64, 500])
+@pytest.mark.parametrize("shuffled", [False, True], ids=["sequential", "act_order"])
+def test_gpu_bf16(bits: int, rows: int, shuffled: bool) -> None:
+    _check(bits, rows, 4096, 1024, 128, shuffled, torch.bfloat16)
 
 
 @pytest.mark.gpu

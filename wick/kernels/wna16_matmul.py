@@ -42,12 +42,48 @@ def wna16_dequantize(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.T
     return (q - zeros[groups]) * scales[groups]
 
 
+@triton.jit
+def _wna16_dequantize_kernel(qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, N, K, BITS: tl.constexpr,
+                             BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """W's [BLOCK_K, BLOCK_N] tile from its words, each loaded once and its fields unpacked into consecutive rows."""
+    PACK: tl.constexpr = 32 // BITS
+    k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_mask = k < K
+    n_mask = cols < N
+    w_rows = tl.program_id(0) * (BLOCK_K // PACK) + tl.arange(0, BLOCK_K // PACK)
+    words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :],
+                    mask=(w_rows * PACK < K)[:, None] & n_mask[None, :], other=0)
+    fields = (words[:, None, :] >> (tl.arange(0, PACK) * BITS)[None, :, None]) & ((1 << BITS) - 1)
+    q = tl.reshape(fields, [BLOCK_K, BLOCK_N]).to(tl.float32)
+    mask = k_mask[:, None] & n_mask[None, :]
+    offsets = tl.load(g_idx_ptr + k, mask=k_mask, other=0).to(tl.int64)[:, None] * N + cols[None, :]
+    zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + k.to(tl.int64)[:, None] * N + cols[None, :], ((q - zero) * scale).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+def wna16_dequantize_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, g_idx: torch.Tensor,
+                            bits: int) -> torch.Tensor:
+    """wna16_dequantize in one kernel on a GPU: W [K, N] in the scales' dtype."""
+    k, n = g_idx.shape[0], qweight.shape[1]
+    out = torch.empty(k, n, dtype=scales.dtype, device=qweight.device)
+    _wna16_dequantize_kernel[(triton.cdiv(k, 64), triton.cdiv(n, 128))](qweight, scales, zeros, g_idx, out, n, k,
+                                                                        BITS=bits, BLOCK_K=64, BLOCK_N=128)
+    return out
+
+
 @triton.jit(do_not_specialize=["M"])
 def _wna16_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_om,
     BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GEMV: tl.constexpr,
+    GEMV: tl.constexpr, GROUP: tl.constexpr,
 ):
+    """x rows against BLOCK_N columns of W, a BLOCK_K step of rows at a time: each word loaded once and its fields
+    unpacked into consecutive rows. GROUP (a multiple of BLOCK_K): row k is in group k // GROUP, so a step's values
+    less their zero points go into the product and its columns' scales multiply it once; 0: each row's group from
+    g_idx (act-order), each value scaled before the product. GEMV: one row of x a program, no tl.dot."""
     PACK: tl.constexpr = 32 // BITS
     pid_m = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -61,21 +97,31 @@ def _wna16_kernel(
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
-        mask = k_mask[:, None] & n_mask[None, :]
-        words = tl.load(qweight_ptr + (k // PACK).to(tl.int64)[:, None] * N + cols[None, :], mask=mask, other=0)
-        q = (words >> ((k % PACK) * BITS)[:, None]) & ((1 << BITS) - 1)
-        group = tl.load(g_idx_ptr + k, mask=k_mask, other=0).to(tl.int64)
-        offsets = group[:, None] * N + cols[None, :]
-        scale = tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-        w = (q.to(tl.float32) - zero) * scale
+        w_rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+        words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :],
+                        mask=(w_rows * PACK < K)[:, None] & n_mask[None, :], other=0)
+        fields = (words[:, None, :] >> (tl.arange(0, PACK) * BITS)[None, :, None]) & ((1 << BITS) - 1)
+        q = tl.reshape(fields, [BLOCK_K, BLOCK_N]).to(tl.float32)
+        if GROUP:
+            offsets = (k0 // GROUP) * N + cols
+            scale = tl.load(scales_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
+            w = q - tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        else:
+            group = tl.load(g_idx_ptr + k, mask=k_mask, other=0).to(tl.int64)
+            offsets = group[:, None] * N + cols[None, :]
+            mask = k_mask[:, None] & n_mask[None, :]
+            zero = tl.load(zeros_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+            w = (q - zero) * tl.load(scales_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         if GEMV:
             x = tl.load(x_ptr + pid_m.to(tl.int64) * stride_xm + k, mask=k_mask, other=0.0).to(tl.float32)
-            acc += tl.sum(w * x[:, None], axis=0)
+            step = tl.sum(w * x[:, None], axis=0)
         else:
             x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :],
                         mask=(rows < M)[:, None] & k_mask[None, :], other=0.0)
-            acc += tl.dot(x, w.to(x_ptr.dtype.element_ty), out_dtype=tl.float32)
+            step = tl.dot(x, w.to(x_ptr.dtype.element_ty), out_dtype=tl.float32)  # (q - zero): exact in bf16
+        if GROUP:
+            step *= scale
+        acc += step
     if GEMV:
         tl.store(out_ptr + pid_m.to(tl.int64) * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
     else:
@@ -187,13 +233,24 @@ GEMV_MAX_ROWS = 8
 WNA16_GEMV_CONFIG = (32, 128, 2, 32)
 
 
+# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the tile kernel by the most rows they serve; past the last, the last.
+# (`benchmarks/kernels/bench_quant_gemm.py --qtype GPTQ --sweep`, Llama-3.1-8B's layers on an H100).
+WNA16_TILE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
+    (16, (16, 64, 128, 8, 3)),
+    (32, (32, 64, 128, 8, 3)),
+    (1 << 62, (64, 64, 128, 4, 3)),
+]
+
+
 def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                  g_idx: torch.Tensor, bits: int, group: int | None = None,
-                 gemv_config: tuple[int, int, int, int] | None = None, split_k: int | None = None) -> torch.Tensor:
+                 gemv_config: tuple[int, int, int, int] | None = None, split_k: int | None = None,
+                 tile_config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
     """x [..., K] @ W [K, N] in x's dtype, W dequantized inside the kernel. group: set where row k is in
-    group k // group (g_idx is then not read by the GEMV). gemv_config: (columns, rows a step, warps) of
-    that GEMV (and the warps an SM that splitting K aims at) and split_k the splits of K of its int8 form, for
-    benchmarks and tests; None picks them."""
+    group k // group (g_idx is then not read). gemv_config: (columns, rows a step, warps) of that GEMV (and the
+    warps an SM that splitting K aims at) and split_k the splits of K of its int8 form; tile_config: (BLOCK_M,
+    BLOCK_N, BLOCK_K, warps, stages) of the tile kernel past GEMV_MAX_ROWS; for benchmarks and tests, None picks
+    them."""
     k, n = g_idx.shape[0], qweight.shape[1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -206,12 +263,15 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
         _gemv(x2, qweight, scales, zeros, bits, group, out, None, 1, gemv_config or WNA16_GEMV_CONFIG, split_k)
         return out.reshape(*x.shape[:-1], n)
     gemv = m <= GEMV_MAX_ROWS
-    block_m = 1 if gemv else 16 if m <= 16 else 64
-    block_n = 64 if gemv else 64
-    block_k = 128 if gemv else 32
+    block_m, block_n, block_k, warps, stages = (1, 64, 128, 4, 2) if gemv else tile_config or next(
+        c for rows, c in WNA16_TILE_CONFIGS if m <= rows)
+    if group is None or group % block_k or x.dtype == torch.float32:
+        # g_idx gathers a scale and a zero point for every value; a float32 tile takes twice the shared memory
+        block_k = min(block_k, 32)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _wna16_kernel[grid](x2, qweight, scales, zeros, g_idx, out, m, n, k, x2.stride(0), out.stride(0),
-                        BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GEMV=gemv)
+                        BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GEMV=gemv,
+                        GROUP=0 if group is None or group % block_k else group, num_warps=warps, num_stages=stages)
     return out.reshape(*x.shape[:-1], n)
 
 

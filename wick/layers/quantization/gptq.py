@@ -146,7 +146,11 @@ def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) ->
         out = wna16_matmul(x, layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits,
                            group=layer.wna16_contiguous_group)
     else:
-        weight = wna16_dequantize(layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits)
+        if x.is_cuda:
+            from wick.kernels.wna16_matmul import wna16_dequantize_triton as dequantize
+        else:
+            dequantize = wna16_dequantize
+        weight = dequantize(layer.qweight, layer.scales, layer.wna16_zeros, layer.g_idx, layer.wna16_bits)
         out = x @ weight.to(x.dtype)
     return out + bias if bias is not None else out
 
