@@ -78,7 +78,7 @@ def wna16_dequantize_triton(qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 def _wna16_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_om,
     BITS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GEMV: tl.constexpr, GROUP: tl.constexpr,
+    GEMV: tl.constexpr, GROUP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """x rows against BLOCK_N columns of W, a BLOCK_K step of rows at a time: each word loaded once and its fields
     unpacked into consecutive rows. GROUP (a multiple of BLOCK_K): row k is in group k // GROUP, so a step's values
@@ -118,7 +118,8 @@ def _wna16_kernel(
         else:
             x = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_xm + k[None, :],
                         mask=(rows < M)[:, None] & k_mask[None, :], other=0.0)
-            step = tl.dot(x, w.to(x_ptr.dtype.element_ty), out_dtype=tl.float32)  # (q - zero): exact in bf16
+            # (q - zero): exact in bf16
+            step = tl.dot(x, w.to(x_ptr.dtype.element_ty), input_precision=DOT_PRECISION, out_dtype=tl.float32)
         if GROUP:
             step *= scale
         acc += step
@@ -271,7 +272,9 @@ def wna16_matmul(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     _wna16_kernel[grid](x2, qweight, scales, zeros, g_idx, out, m, n, k, x2.stride(0), out.stride(0),
                         BITS=bits, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GEMV=gemv,
-                        GROUP=0 if group is None or group % block_k else group, num_warps=warps, num_stages=stages)
+                        GROUP=0 if group is None or group % block_k else group,
+                        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
+                        num_stages=stages)
     return out.reshape(*x.shape[:-1], n)
 
 
