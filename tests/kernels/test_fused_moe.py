@@ -10,7 +10,7 @@ import torch
 from wick.kernels import fused_moe
 from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
 from wick.kernels.int8_activations import quantize_q8_ref
-from wick.kernels.wna16_matmul import pack_rows, takes_int8_activations
+from wick.kernels.wna16_matmul import EXPERT_GEMV_CONFIG, pack_rows, takes_int8_activations
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import fused_experts_ref
 from wick.layers.moe.routing import select_experts
@@ -154,7 +154,8 @@ def gemv_ref(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, topk_weights:
 
     def rounded(rows: torch.Tensor, experts: Wna16Experts) -> torch.Tensor:
         _, _, k = experts.shape
-        return quantize_q8_ref(rows) if takes_int8_activations(experts.bits, experts.group, k) else rows.float()
+        int8 = takes_int8_activations(experts.bits, experts.group, k, EXPERT_GEMV_CONFIG[1])
+        return quantize_q8_ref(rows) if int8 else rows.float()
 
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for pair, expert in enumerate(topk_ids.flatten().tolist()):
@@ -177,6 +178,16 @@ def test_wna16_experts_match_reference(groups: tuple[int, int, int], num_tokens:
     q13, q2 = to_wna16(w13, bits, group13), to_wna16(w2, bits, group2)
     expected = (gemv_ref if path == "gemv" else fused_experts_ref)(x, q13, q2, weights, ids)
     out = fused_experts_wna16(x, q13, q2, weights, ids, path)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+
+
+@pytest.mark.parametrize("num_tokens", [3, 40])
+def test_wna16_tiles_end_in_a_partial_step(num_tokens: int) -> None:
+    """Hidden 176 and intermediate 48 a group each (per channel): the last 32-row step of either GEMM is partial."""
+    x, w13, w2, weights, ids = make_case(num_tokens, 5, 2, hidden=176, inter=48, dtype=torch.float32)
+    q13, q2 = to_wna16(w13, 4, 176), to_wna16(w2, 4, 48)
+    expected = fused_experts_ref(x, q13, q2, weights, ids)
+    out = fused_experts_wna16(x, q13, q2, weights, ids, "tiles")
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
 
 

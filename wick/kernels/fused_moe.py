@@ -84,9 +84,9 @@ def _moe_gemm_kernel(
     up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
     holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted). SCALING "row" or
     "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
-    BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32 with
-scales s and zero points z [E, K / SCALE_K, N] (SCALE_N 1), the strides of B's N and K those of its columns and
-words."""
+        BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32
+    with scales s and zero points z [E, ceil(K / SCALE_K), N] (SCALE_N 1, z strided as s), the strides of B's N and
+    K those of its columns and words."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     if DIRECT:
@@ -270,7 +270,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
                   w2_scales: WeightScales | GroupScales | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (fp32),
     topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype.
-    config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS. w13 and w2 in fp8 take their
+    config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS (WNA16_MOE_CONFIGS with
+    GroupScales). w13 and w2 in fp8 take their
     scales (w13's over its stacked rows: up row n is row I + n of the scale grid too); with GroupScales they are
     packed [E, H / pack, 2I] and [E, I / pack, H] (gate columns, then up columns)."""
     num_tokens, hidden = x.shape

@@ -89,6 +89,15 @@ def test_checkpoint_matches_reference(make: Callable[[], tuple[QuantizationConfi
     assert_same_logits(ours, reference(hf, dequantized))
 
 
+def test_checkpoint_without_g_idx_loads() -> None:
+    """GPTQ checkpoints without desc_act may leave g_idx out: their groups run in row order."""
+    hf = hf_model()
+    config, quantize = _gptq(4, 128, True)
+    checkpoint, dequantized = _checkpoint(hf, quantize)
+    checkpoint = [(name, tensor) for name, tensor in checkpoint if not name.endswith("g_idx")]
+    assert_same_logits(build_ours(hf.config, config, checkpoint), reference(hf, dequantized))
+
+
 def test_desc_act_with_groups_in_row_order_loads() -> None:
     """desc_act set, but each expert's g_idx happens to run in row order: nothing needs permuting."""
     hf = hf_model()

@@ -171,9 +171,11 @@ class Wna16ExpertWeights:
         return (torch.arange(start, start + rows, dtype=torch.int32) // self.config.group_size)
 
     def _check_groups(self, prefix: str) -> None:
+        """Without desc_act groups run in row order (g_idx may be left out, and is not read)."""
+        if not self.config.desc_act:
+            return
         g_idx = getattr(self.layer, f"{prefix}_g_idx").data
-        expected = self._expected_g_idx(prefix).to(g_idx.device)
-        if (self.config.desc_act or g_idx.any()) and not torch.equal(g_idx, expected.expand_as(g_idx)):
+        if not torch.equal(g_idx, self._expected_g_idx(prefix).to(g_idx.device).expand_as(g_idx)):
             raise ValueError("GPTQ experts with act-order groups (desc_act, g_idx out of row order) are not "
                              "supported; use a checkpoint quantized without desc_act or with group_size -1")
 
