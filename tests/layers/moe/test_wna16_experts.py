@@ -187,7 +187,7 @@ def test_gptq_folder_through_the_engine(tmp_path: Path) -> None:
     """config.json's quantization_config read, the experts loaded packed, HF's greedy tokens with chunked prefill
     and preemption (14 blocks of 4 tokens cannot hold the four requests)."""
     folder, prompts, expected = _gptq_folder(tmp_path, 4)
-    llm = LLM(folder, block_size=4, num_kv_blocks=14, max_num_batched_tokens=8, max_num_seqs=4)
+    llm = LLM(folder, device="cpu", block_size=4, num_kv_blocks=14, max_num_batched_tokens=8, max_num_seqs=4)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outputs] == expected
     assert llm.core.scheduler.num_preemptions > 0
