@@ -131,6 +131,13 @@ def _wna16_kernel(
 
 
 @triton.jit
+def _expert_weights(experts_ptr, m, qweight_ptr, scales_ptr, zeros_ptr, stride_qe, stride_se):
+    """The words, scales and zero points of expert experts[m] of stacked ones (zero points strided as the scales)."""
+    expert = tl.load(experts_ptr + m).to(tl.int64)
+    return qweight_ptr + expert * stride_qe, scales_ptr + expert * stride_se, zeros_ptr + expert * stride_se
+
+
+@triton.jit
 def _wna16_gemv_kernel(
     x_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, experts_ptr, N, K, GROUP, stride_xm, stride_om, stride_qe,
     stride_se,
@@ -147,10 +154,8 @@ def _wna16_gemv_kernel(
     WORDS: tl.constexpr = BLOCK_K // PACK
     m = tl.program_id(0)
     if EXPERTS:
-        expert = tl.load(experts_ptr + m).to(tl.int64)
-        qweight_ptr += expert * stride_qe
-        scales_ptr += expert * stride_se
-        zeros_ptr += expert * stride_se
+        qweight_ptr, scales_ptr, zeros_ptr = _expert_weights(experts_ptr, m, qweight_ptr, scales_ptr, zeros_ptr,
+                                                             stride_qe, stride_se)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     word_rows = tl.arange(0, WORDS)
@@ -197,10 +202,8 @@ def _w4a8_gemv_kernel(
     WORDS: tl.constexpr = BLOCK_K // 8
     m = tl.program_id(0)
     if EXPERTS:
-        expert = tl.load(experts_ptr + m).to(tl.int64)
-        qweight_ptr += expert * stride_qe
-        scales_ptr += expert * stride_se
-        zeros_ptr += expert * stride_se
+        qweight_ptr, scales_ptr, zeros_ptr = _expert_weights(experts_ptr, m, qweight_ptr, scales_ptr, zeros_ptr,
+                                                             stride_qe, stride_se)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = cols < N
     word_rows = tl.arange(0, WORDS)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from wick.layers.moe.fused_moe import FusedMoE
 from wick.layers.quantization.base import QuantizationConfig, quantization_scope
 from wick.loader.weights import process_weights_after_loading
 from wick.models.registry import get_model_class
@@ -110,3 +111,18 @@ def logits_on_two_ranks(hf_config, config: QuantizationConfig, checkpoint: list,
     out = tmp_path / "rank0.pt"
     mp.spawn(_rank_main, args=(port, hf_config, config, checkpoint, str(out)), nprocs=2)
     return torch.load(out)
+
+
+def assert_dummy_experts_run_as_dequantized(layer: FusedMoE, experts: dict) -> None:
+    """Random experts of a quantized layer (`experts`: its w13 and w2, which dequantize_all): every expert filled
+    within the dummy loader's [-1e-3, 1e-3], and the layer runs on them as a float layer over their values."""
+    for quantized in experts.values():
+        values = quantized.dequantize_all()
+        assert values.abs().amax(dim=(1, 2)).min() > 5e-4 and values.abs().max() <= 1e-3 + 1e-6
+    hidden, num_experts = layer.hidden_size, layer.spec.num_experts
+    x = torch.randn(4, hidden)
+    logits = torch.randn(4, num_experts)
+    dense = FusedMoE(layer.spec, hidden)
+    dense.w13_weight.data = experts["w13"].dequantize_all()
+    dense.w2_weight.data = experts["w2"].dequantize_all()
+    torch.testing.assert_close(layer(x, logits), dense(x, logits))
