@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.wna16_matmul import load_unpacked
+
 # The float32 scales of fp8 experts [E, N, K]: (scale [E, ceil(N / block[0]), ceil(K / block[1])], block), each over a
 # block[0] x block[1] tile of an expert's matrix.
 WeightScales = tuple[torch.Tensor, tuple[int, int]]
@@ -51,14 +53,7 @@ def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base
     """B's [BLOCK_K, BLOCK_N] tile of rows `rows` in `dtype` (BITS: unpacked from words of 32 / BITS values along K,
     less their zero points), and the scale of each of its rows for this step (1 unless PER_STEP)."""
     if BITS:
-        PACK: tl.constexpr = 32 // BITS
-        # each word once, its fields unpacked into consecutive rows (loading a word for each of its rows took 1.3-1.6x
-        # as long on an H100)
-        w_rows = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
-        words = tl.load(b_base + rows[None, :] * stride_bn + w_rows[:, None] * stride_bk,
-                        mask=(w_rows * PACK < K)[:, None] & row_ok[None, :], other=0)
-        fields = (words[:, None, :] >> (tl.arange(0, PACK) * BITS)[None, :, None]) & ((1 << BITS) - 1)
-        q = tl.reshape(fields, [BLOCK_K, BLOCK_N])
+        q = load_unpacked(b_base, k0, rows, row_ok, stride_bk, stride_bn, K, BITS, BLOCK_K, BLOCK_N)
         zero = tl.load(z_base + (rows // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk, mask=row_ok, other=0.0)
         b = (q.to(tl.float32) - zero.to(tl.float32)[None, :]).to(dtype)  # integers of at most 9 bits: exact
     else:
@@ -84,7 +79,7 @@ def _moe_gemm_kernel(
     up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
     holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted). SCALING "row" or
     "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
-        BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32
+    BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32
     with scales s and zero points z [E, ceil(K / SCALE_K), N] (SCALE_N 1, z strided as s), the strides of B's N and
     K those of its columns and words."""
     pid_m = tl.program_id(0)

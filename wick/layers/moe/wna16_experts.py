@@ -21,7 +21,7 @@ from torch import nn
 
 from wick.kernels.wna16_matmul import pack_rows, wna16_dequantize
 from wick.layers.quantization.awq import AWQConfig, awq_unpack
-from wick.layers.quantization.gptq import GPTQConfig, splat, unpack_columns
+from wick.layers.quantization.gptq import GPTQConfig, fill_dummy_wna16, splat, unpack_columns
 
 if TYPE_CHECKING:
     from wick.kernels.fused_moe import GroupScales
@@ -88,7 +88,6 @@ class Wna16ExpertWeights:
         self.layer = layer
         e, i, h = layer.spec.num_experts, layer.intermediate_size, layer.hidden_size
         pack = 32 // self.bits
-        self.pack = pack
         name = config.name.upper()
         if config.group_size != -1 and (config.group_size % 16 or config.group_size % pack):
             raise ValueError(f"{name} experts in groups of {config.group_size} are not supported: the group size "
@@ -184,12 +183,10 @@ class Wna16ExpertWeights:
         layer = self.layer
         center = 1 << (self.bits - 1)
         for prefix in ("w13", "w2"):
-            qweight = getattr(layer, f"{prefix}_qweight").data
-            qweight.copy_(torch.randint(-(1 << 31), 1 << 31, qweight.shape, generator=generator,
-                                        device=qweight.device, dtype=torch.int64).to(torch.int32))
+            fill_dummy_wna16(getattr(layer, f"{prefix}_qweight").data, getattr(layer, f"{prefix}_scales").data,
+                             generator, self.bits, high)
             zero = center if self.awq else center - self.config.zero_offset
             getattr(layer, f"{prefix}_qzeros").data.fill_(splat(zero, self.bits))
-            getattr(layer, f"{prefix}_scales").data.fill_(high / center)
             if not self.awq:
                 getattr(layer, f"{prefix}_g_idx").data.copy_(self._expected_g_idx(prefix))
 

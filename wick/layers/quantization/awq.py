@@ -96,7 +96,7 @@ class AWQLinearMethod(LinearMethod):
         finish_wna16(layer, zeros, _BITS)
 
     def initialize_dummy(self, layer: nn.Module, generator: torch.Generator, low: float, high: float) -> None:
-        fill_dummy_wna16(layer, generator, _BITS, high)
+        fill_dummy_wna16(layer.qweight.data, layer.scales.data, generator, _BITS, high)
         layer.qzeros.data.fill_(0x88888888 - (1 << 32))
 
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:

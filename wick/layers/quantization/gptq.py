@@ -89,7 +89,7 @@ class GPTQLinearMethod(LinearMethod):
         finish_wna16(layer, zeros, self.config.bits)
 
     def initialize_dummy(self, layer: nn.Module, generator: torch.Generator, low: float, high: float) -> None:
-        fill_dummy_wna16(layer, generator, self.config.bits, high)
+        fill_dummy_wna16(layer.qweight.data, layer.scales.data, generator, self.config.bits, high)
         center = 1 << (self.config.bits - 1)
         layer.qzeros.data.fill_(splat(center - self.config.zero_offset, self.config.bits))
         if self.config.group_size == -1 or layer.g_idx.numel() == 0:
@@ -163,9 +163,10 @@ def splat(value: int, bits: int) -> int:
     return word - (1 << 32) if word >= 1 << 31 else word
 
 
-def fill_dummy_wna16(layer: nn.Module, generator: torch.Generator, bits: int, high: float) -> None:
-    """Random packed words and scales that put the dequantized weights within about [-high, high]."""
-    qweight = layer.qweight.data
+def fill_dummy_wna16(qweight: torch.Tensor, scales: torch.Tensor, generator: torch.Generator, bits: int,
+                     high: float) -> None:
+    """Random packed words and scales that put the dequantized weights within about [-high, high] (with zero points
+    at the middle value)."""
     qweight.copy_(torch.randint(-(1 << 31), 1 << 31, qweight.shape, generator=generator, device=qweight.device,
                                 dtype=torch.int64).to(torch.int32))
-    layer.scales.data.fill_(high / (1 << (bits - 1)))
+    scales.fill_(high / (1 << (bits - 1)))
