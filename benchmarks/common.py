@@ -75,17 +75,18 @@ def print_environment() -> None:
 
 
 def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
-    """Random blocks of a Q4_K, Q6_K or Q8_0 GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1]
-    values, on the GPU: random codes and sub-block scales with every float16 scale (d, and Q4_K's dmin) 1e-3, so
-    that no decoded value overflows."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    """Random blocks of a quantized GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1] values,
+    on the GPU: random codes and sub-block scales with every float16 field (d, and dmin or m where the type has one)
+    1e-3, so that no decoded value overflows."""
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType as T
 
-    scales_at = {GGMLQuantizationType.Q4_K: slice(0, 4), GGMLQuantizationType.Q6_K: slice(208, 210),
-                 GGMLQuantizationType.Q8_0: slice(0, 2)}[qtype]
+    halves = {T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.Q2_K: (80, 82),
+              T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.IQ4_XS: (0,)}[qtype]
     block, size = GGML_QUANT_SIZES[qtype]
     *rows, columns = shape
     blocks = torch.randint(0, 256, (*rows, columns // block, size), dtype=torch.uint8, device="cuda")
-    scales = torch.full((*rows, columns // block, (scales_at.stop - scales_at.start) // 2), 1e-3, dtype=torch.float16,
-                        device="cuda")
-    blocks[..., scales_at] = scales.view(torch.uint8)
+    scale = torch.full((*rows, columns // block, 1), 1e-3, dtype=torch.float16, device="cuda").view(torch.uint8)
+    for offset in halves:
+        blocks[..., offset:offset + 2] = scale
     return blocks.reshape(*rows, -1)

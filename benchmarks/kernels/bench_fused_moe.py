@@ -77,7 +77,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="write the sweep's timings here")
     parser.add_argument("--rotate", type=int, default=1, help="calls in a row over disjoint expert groups")
     parser.add_argument("--layers", type=int, default=1, help="layers of experts the calls take in turn")
-    parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q6_K, Q8_0)")
+    parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q5_K...)")
     parser.add_argument("--gguf-down", default=None, help="with --gguf: the down projections' type (default its)")
     parser.add_argument("--fp8", action="store_true", help="also time fp8 experts (block-scaled and per-row)")
     parser.add_argument("--wna16", type=int, choices=(4, 8), default=None,

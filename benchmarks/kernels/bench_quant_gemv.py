@@ -5,7 +5,7 @@ several times, in turn, as a decode step meets them: from memory, not from L2. `
 (rows or columns per program, step, warps[, warps an SM that splitting K aims at]) of each kernel and names
 the one with the least time over the layers (the defaults in wick/kernels/).
 
-    python -m benchmarks.kernels.bench_quant_gemv [--sweep] [--json FILE]
+    python -m benchmarks.kernels.bench_quant_gemv [--formats q4_k,gptq,fp8,q5_k,...] [--sweep] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from gguf import GGMLQuantizationType
 from triton.testing import do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
+from wick.kernels import gguf_int8_gemv
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
-from wick.kernels.gguf_int8_gemv import Q4_K_GEMV_CONFIG, Q6_K_GEMV_CONFIG, Q8_0_GEMV_CONFIG
 from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 
@@ -36,11 +36,17 @@ SWEEPS = {
     "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 32])),
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
     "fp8_block": list(itertools.product([4, 8, 16], [128, 512, 1024], [2, 4, 8])),
+    "q5_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),
     "q6_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
     "q8_0": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
 }
-DEFAULTS = {"q4_k": Q4_K_GEMV_CONFIG, "gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG,
-            "q6_k": Q6_K_GEMV_CONFIG, "q8_0": Q8_0_GEMV_CONFIG}
+# A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
+# an older tree's kernels).
+DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG}
+
+
+def _default(fmt: str) -> tuple | None:
+    return DEFAULTS[fmt] if fmt in DEFAULTS else getattr(gguf_int8_gemv, f"{fmt.upper()}_GEMV_CONFIG", None)
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
@@ -48,22 +54,9 @@ def _bf16(n: int, k: int) -> tuple[Callable, int]:
     return lambda x, config: torch.matmul(x, weight.t()), weight.numel() * 2
 
 
-def _q4_k(n: int, k: int) -> tuple[Callable, int]:
-    data = random_gguf_blocks(GGMLQuantizationType.Q4_K, n, k)
-    return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q4_K, (n, k), gemv_config=config),
-            data.numel())
-
-
-def _q6_k(n: int, k: int) -> tuple[Callable, int]:
-    data = random_gguf_blocks(GGMLQuantizationType.Q6_K, n, k)
-    return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q6_K, (n, k), gemv_config=config),
-            data.numel())
-
-
-def _q8_0(n: int, k: int) -> tuple[Callable, int]:
-    data = random_gguf_blocks(GGMLQuantizationType.Q8_0, n, k)
-    return (lambda x, config: gguf_matmul(x, data, GGMLQuantizationType.Q8_0, (n, k), gemv_config=config),
-            data.numel())
+def _gguf(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[Callable, int]:
+    data = random_gguf_blocks(qtype, n, k)
+    return lambda x, config: gguf_matmul(x, data, qtype, (n, k), gemv_config=config), data.numel()
 
 
 def _gptq(n: int, k: int) -> tuple[Callable, int]:
@@ -85,8 +78,8 @@ def _fp8(n: int, k: int, block: tuple[int, int] | None = None) -> tuple[Callable
             weight.numel() + scale.numel() * 4)
 
 
-MAKERS = {"q4_k": _q4_k, "gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128)), "q6_k": _q6_k,
-          "q8_0": _q8_0}
+# Any other format names a GGUF type (q5_0, q3_k, ...): its int8 GEMV where it has one, else the float GEMV.
+MAKERS = {"gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128))}
 
 
 def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:
@@ -129,8 +122,9 @@ def main() -> None:
         del run
         torch.cuda.empty_cache()
     for fmt in args.formats.split(","):
-        layers = [(name, *_cold(MAKERS[fmt], n, k), k) for name, n, k in LLAMA_8B]
-        configs = SWEEPS[fmt] if args.sweep else [DEFAULTS[fmt]]
+        make = MAKERS.get(fmt) or partial(_gguf, GGMLQuantizationType[fmt.upper()])
+        layers = [(name, *_cold(make, n, k), k) for name, n, k in LLAMA_8B]
+        configs = SWEEPS[fmt] if args.sweep and fmt in SWEEPS else [_default(fmt)]
         timings: dict[str, dict[str, float]] = {}
         for config in configs:
             try:
@@ -139,7 +133,7 @@ def main() -> None:
             except Exception as error:  # a tile too large for the registers or shared memory
                 print(f"{fmt} {config}: {type(error).__name__}")
         best = min(timings, key=lambda c: sum(timings[c].values()))
-        for label, config in (("default", str(DEFAULTS[fmt])), ("best", best)):
+        for label, config in (("default", str(_default(fmt))), ("best", best)):
             if config not in timings:
                 continue
             total = sum(timings[config].values())
@@ -148,7 +142,7 @@ def main() -> None:
                 print(f"{fmt:5} {label:>7} {config:>15} {name:>8} {us:8.1f} us  {nbytes / us / 1e3:7.0f} GB/s "
                       f"({nbytes / us * 1e6 / bandwidth:4.0%})  {results['bf16'][name] / us:4.2f}x bf16")
             print(f"{fmt:5} {label:>7} {config:>15}    total {total:8.1f} us  {bf16_total / total:4.2f}x bf16")
-        results["formats"][fmt] = {"default": str(DEFAULTS[fmt]), "best": best, "timings": timings,
+        results["formats"][fmt] = {"default": str(_default(fmt)), "best": best, "timings": timings,
                                    "bytes": {name: nbytes for name, _, nbytes, _, _ in layers}}
         del layers
         torch.cuda.empty_cache()

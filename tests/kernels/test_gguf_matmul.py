@@ -16,23 +16,26 @@ from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
     TRITON_TYPES,
     gguf_dequantize,
+    gguf_expert_gemv,
     gguf_matmul,
 )
 from wick.kernels.int8_activations import quantize_q8_ref
-from wick.loader.gguf_dequant import dequantize
+from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
 from gguf_blocks import random_gguf  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+INT8_TYPES = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
+              GGMLQuantizationType.Q8_0]
 
 
 def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.dtype) -> None:
     weight = random_gguf(qtype, n, k, seed=int(qtype))
     data = weight.data.to(DEVICE)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    # A few rows of x against Q4_K, Q6_K or Q8_0 take the int8 GEMVs: their reference is x as they quantize x.
+    # A few rows of x against Q4_K, Q5_K, Q6_K or Q8_0 take the int8 GEMVs: their reference is x as they quantize x.
     int8_gemv = runs_int8_gemv(qtype, data) and rows <= GEMV_MAX_ROWS
     x_seen = quantize_q8_ref(x) if int8_gemv else x.float()
     expected = x_seen @ dequantize(data, qtype, (n, k)).t()
@@ -42,6 +45,10 @@ def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.
     torch.testing.assert_close(out.float(), expected, atol=TOLERANCE[dtype] * scale, rtol=0)
 
 
+def test_every_quantized_type_the_loader_reads_decodes_in_triton() -> None:
+    assert TRITON_TYPES == BLOCK_TYPES
+
+
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [1, GEMV_MAX_ROWS + 3])
 def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> None:
@@ -49,8 +56,7 @@ def test_every_type_gemv_and_tiled(qtype: GGMLQuantizationType, rows: int) -> No
     _check(qtype, rows, 40, k, torch.float32)
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize(("config", "split_k"), [(None, None), ((8, 2, 2, 0), None), ((1, 1, 1, 0), None),
                                                ((8, 1, 1, 0), 2), ((8, 1, 1, 0), 3), ((8, 1, 1, 0), 100)],
                          ids=["default", "8x2", "1x1", "split_3_2", "split_2_2_1", "split_one_block_each"])
@@ -70,8 +76,9 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q6_K, 1),
-                                               (GGMLQuantizationType.Q8_0, 1)], ids=["q4_k", "q6_k", "q8_0"])
+@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q5_K, 2),
+                                               (GGMLQuantizationType.Q6_K, 1), (GGMLQuantizationType.Q8_0, 1)],
+                         ids=["q4_k", "q5_k", "q6_k", "q8_0"])
 def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationType, offset: int) -> None:
     n, k = 8, 256
     weight = random_gguf(qtype, n, k, seed=8)
@@ -100,8 +107,7 @@ def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
 def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:
     n, k = 300, 1024
@@ -133,7 +139,7 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
-Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0
+Q4_K, Q5_K, Q6_K, Q8_0 = INT8_TYPES
 
 
 @pytest.mark.parametrize(("qtype", "rows", "n", "k", "config", "split_k"), [
@@ -144,6 +150,9 @@ Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQua
     (Q4_K, 40, 48, 1280, (16, 16, 64, 4, 2), 3),
     (Q4_K, 12, 40, 1024, (16, 32, 128, 4, 2), 100),
     (Q4_K, 200, 72, 512, None, None),
+    (Q5_K, GEMV_MAX_ROWS + 1, 40, 512, None, None),
+    (Q5_K, 33, 24, 1280, (16, 16, 64, 4, 2), 1),
+    (Q5_K, 40, 48, 1280, (16, 16, 64, 4, 2), 3),
     (Q6_K, GEMV_MAX_ROWS + 1, 40, 512, None, None),
     (Q6_K, 33, 24, 1280, (16, 16, 128, 4, 2), 1),
     (Q6_K, 20, 70, 768, (32, 32, 256, 4, 2), 1),
@@ -155,7 +164,8 @@ Q4_K, Q6_K, Q8_0 = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQua
     (Q8_0, 40, 48, 1280, (16, 16, 128, 4, 2), 3),
     (Q8_0, 120, 72, 512, None, None),
 ], ids=["q4_k_default", "q4_k_step_64_rows_past_tiles", "q4_k_step_256_ragged_n", "q4_k_two_steps_a_block",
-        "q4_k_split_3", "q4_k_split_one_step_each", "q4_k_largest_tile", "q6_k_default", "q6_k_step_128",
+        "q4_k_split_3", "q4_k_split_one_step_each", "q4_k_largest_tile", "q5_k_default", "q5_k_step_64_rows_past_tiles",
+        "q5_k_split_3", "q6_k_default", "q6_k_step_128",
         "q6_k_step_256_ragged_n", "q6_k_split_3", "q6_k_largest_tile", "q8_0_default", "q8_0_step_64",
         "q8_0_step_256_ragged_n", "q8_0_split_3", "q8_0_largest_tile"])
 def test_tile_kernel(monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationType, rows: int, n: int, k: int,
@@ -173,3 +183,18 @@ def test_tile_kernel(monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationTyp
         torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
     assert len(calls) == 2  # the tile kernel ran, not W decoded whole
     assert not arrival_counts(torch.device(DEVICE)).any()
+
+
+@pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
+def test_expert_gemv(qtype: GGMLQuantizationType) -> None:
+    """Each (token, expert) pair's row against its expert: x as the int8 GEMVs round it, or as it is."""
+    experts, n, k, tokens, top_k = 3, 24, 512, 3, 2
+    weights = [random_gguf(qtype, n, k, seed=20 + e) for e in range(experts)]
+    data = torch.stack([w.data for w in weights]).to(DEVICE)
+    ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32, device=DEVICE)
+    x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    out = gguf_expert_gemv(x, data, qtype, k, ids, top_k)
+    x_seen = quantize_q8_ref(x) if runs_int8_gemv(qtype, weights[0].data) else x
+    expected = torch.stack([x_seen[p // top_k] @ dequantize(weights[e].data, qtype, (n, k)).to(DEVICE).t()
+                            for p, e in enumerate(ids.tolist())])
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)

@@ -1,5 +1,5 @@
 """The tile kernel over (token, expert) pairs sorted by expert against each pair's product over the torch
-dequantizer, Q4_K, Q6_K and Q8_0 experts."""
+dequantizer, experts of every type: those with a step of their own, and those decoded element by element."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels.fused_moe import moe_align
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul
+from wick.kernels.gguf_decode import TRITON_TYPES
+from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_config, gguf_expert_matmul
 from wick.loader.gguf_dequant import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -21,9 +22,13 @@ from gguf_blocks import random_gguf  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0],
-                         ids=lambda t: t.name)
-@pytest.mark.parametrize(("tokens", "split_k"), [(5, 1), (40, 1), (5, 3)], ids=["few", "many", "split"])
+CASES = [(qtype, 5, 1) for qtype in sorted(TRITON_TYPES)] + [
+    (qtype, tokens, split_k) for qtype in sorted(TILE_TYPES | {GGMLQuantizationType.Q3_K})
+    for tokens, split_k in ((40, 1), (5, 3))]
+
+
+@pytest.mark.parametrize(("qtype", "tokens", "split_k"), CASES,
+                         ids=[f"{qtype.name}-{tokens}-{split_k}" for qtype, tokens, split_k in CASES])
 def test_expert_tile_kernel_over_sorted_pairs(qtype: GGMLQuantizationType, tokens: int, split_k: int) -> None:
     experts, n, k, top_k = 4, 40, 512, 2
     weights = [random_gguf(qtype, n, k, seed=30 + e) for e in range(experts)]

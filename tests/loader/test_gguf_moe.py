@@ -147,15 +147,18 @@ def test_experts_load_as_from_the_hf_checkpoint(arch: str, tmp_path: Path) -> No
             assert torch.equal(param, dense[name]), name
 
 
-def test_q4_k_experts_stay_packed_and_decode_as_their_floats(tmp_path: Path) -> None:
-    """A qwen3moe file with Q4_K experts: loaded packed, the experts keep their blocks, and the model decodes
+@pytest.mark.parametrize("qtype", [gguf.GGMLQuantizationType.Q4_K, gguf.GGMLQuantizationType.Q5_K,
+                                   gguf.GGMLQuantizationType.Q3_K], ids=lambda t: t.name)
+def test_quantized_experts_stay_packed_and_decode_as_their_floats(tmp_path: Path,
+                                                                  qtype: gguf.GGMLQuantizationType) -> None:
+    """A qwen3moe file with quantized experts: loaded packed, the experts keep their blocks, and the model decodes
     through the paged KV cache as the same file's experts decoded to floats at load do."""
     torch.manual_seed(0)
     sizes = dict(_SIZES, hidden_size=256, head_dim=64, num_experts=4, moe_intermediate_size=256,
                  norm_topk_prob=True)
     hf = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3_moe", **sizes), dtype=torch.float32)
-    path = tmp_path / "tiny-qwen3moe-q4_k.gguf"
-    _write(path, hf, "qwen3moe", experts=gguf.GGMLQuantizationType.Q4_K)
+    path = tmp_path / f"tiny-qwen3moe-{qtype.name}.gguf"
+    _write(path, hf, "qwen3moe", experts=qtype)
     config = config_from_dict(load_gguf_config(path))
     floats = get_model_class(config.architectures)(config)
     floats.load_weights(iter_gguf_weights(str(path)))
@@ -164,7 +167,8 @@ def test_q4_k_experts_stay_packed_and_decode_as_their_floats(tmp_path: Path) -> 
     packed.load_weights(iter_gguf_weights(str(path), packed=True))
     process_weights_after_loading(packed)
     layers = [m for m in packed.modules() if isinstance(m, FusedMoE)]
-    assert layers and all(set(m.packed) == {"w13", "w2"} and m.w13_weight.dtype == torch.uint8 for m in layers)
+    assert layers and all(set(m.packed) == {"w13", "w2"} and m.w13_weight.dtype == torch.uint8
+                          and m.packed["w13"].qtype == qtype for m in layers)
     prompts = [[5, 17, 3, 60, 2], [9, 9, 41]]
     for (tokens, logits), (expected_tokens, expected) in zip(PagedRunner(packed).generate(prompts, 8),
                                                              PagedRunner(floats).generate(prompts, 8), strict=True):

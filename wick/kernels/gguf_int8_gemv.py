@@ -1,4 +1,4 @@
-"""The int8 GEMVs of Q4_K, Q6_K and Q8_0 weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
+"""The int8 GEMVs of Q4_K, Q5_K, Q6_K and Q8_0 weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
 wick/kernels/int8_activations.py) meets four weight codes at a time in dp4a, each sub-block's integer sum taking
 its scales once, since decoding each weight to a float cost more instructions than its bytes took to arrive.
 One program owns BLOCK_N rows of W for one row of x, K split among programs where the rows alone leave the SMs
@@ -20,6 +20,8 @@ T = GGMLQuantizationType
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
 # of the Q4_K GEMV (benchmarks/kernels/bench_quant_gemv.py).
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
+# The same for the Q5_K GEMV (Q4_K's kernel with a fifth bit).
+Q5_K_GEMV_CONFIG = Q4_K_GEMV_CONFIG
 # The same for the Q6_K GEMV.
 Q6_K_GEMV_CONFIG = (4, 1, 1, 16)
 # The same for the Q8_0 GEMV, whose "blocks" are groups of eight 32-value blocks (256 columns).
@@ -66,20 +68,24 @@ def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.const
 
 
 @triton.jit
-def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
-                         M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
-                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W, BLOCK_B
-    blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; 4-35: the codes). Word
-    4 + 8j + i holds in byte b the elements 64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b
-    (high nibble, sub-block 2j + 1): four consecutive elements of x, one int32 word of its int8 codes, so
-    each nibble plane of a word meets x in one dp4a. A sub-block's integer sum then takes its scales once.
-    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py).
-    EXPERTS and X_ROW_DIV as in _gemv_rows."""
+def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                      M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
+                      BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                      EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, FIFTH_BIT: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W (Q5_K where
+    FIFTH_BIT), BLOCK_B blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; Q5_K's 4-11:
+    the fifth bits; then the low four bits in 32 words). Low-bits word 8j + i holds in byte b the elements
+    64j + 4i + b (low nibble, sub-block 2j) and 64j + 32 + 4i + b (high nibble, sub-block 2j + 1): four
+    consecutive elements of x, one int32 word of its int8 codes, so each nibble plane of a word meets x in one
+    dp4a. Q5_K's fifth bits of the elements 32s + 4i + b are bit s of byte b of its fifth-bit word i, so one word
+    a step serves all eight sub-blocks. A sub-block's integer sum then takes its scales once. Where SPLIT,
+    program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py). EXPERTS and
+    X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
                                                     EXPERTS, X_ROW_DIV)
     words = w_ptr.to(tl.pointer_type(tl.int32))
+    block_words: tl.constexpr = 44 if FIFTH_BIT else 36
+    low_bits: tl.constexpr = 12 if FIFTH_BIT else 4
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
     j = tl.arange(0, 4)
     i = tl.arange(0, 8)
@@ -89,14 +95,20 @@ def _q4_k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
     for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
-            block = row_base + blk * 36
+            block = row_base + blk * block_words
             d, dmin, a, m, c = q4_k_head(words, block)
             a, m, c = a[:, None], m[:, None], c[:, None]
-            codes = tl.load(words + block[:, None, None] + 4 + 8 * j[None, :, None] + i[None, None, :])
+            codes = tl.load(words + block[:, None, None] + low_bits + 8 * j[None, :, None] + i[None, None, :])
+            codes_low = codes & 0x0F0F0F0F
+            codes_high = (codes >> 4) & 0x0F0F0F0F
+            if FIFTH_BIT:
+                fifth = tl.load(words + block[:, None, None] + 4 + i[None, None, :])
+                codes_low |= ((fifth >> (2 * j[None, :, None])) & 0x01010101) << 4
+                codes_high |= ((fifth >> (2 * j[None, :, None] + 1)) & 0x01010101) << 4
             x_low = tl.load(x_words + blk * 64 + 16 * j[:, None] + i[None, :])
             x_high = tl.load(x_words + blk * 64 + 16 * j[:, None] + 8 + i[None, :])
-            dot_low = tl.sum(dp4a(codes & 0x0F0F0F0F, x_low[None, :, :], DP4A), axis=2).to(tl.float32)
-            dot_high = tl.sum(dp4a((codes >> 4) & 0x0F0F0F0F, x_high[None, :, :], DP4A), axis=2).to(tl.float32)
+            dot_low = tl.sum(dp4a(codes_low, x_low[None, :, :], DP4A), axis=2).to(tl.float32)
+            dot_high = tl.sum(dp4a(codes_high, x_high[None, :, :], DP4A), axis=2).to(tl.float32)
             scale_low, min_low = k_scale_min_words(a, m, c, low_sub)
             scale_high, min_high = k_scale_min_words(a, m, c, low_sub + 1)
             xd_low = tl.load(xd_ptr + runs + blk * 8 + 2 * j)[None, :]
@@ -198,7 +210,7 @@ def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizatio
                       split_k: int | None) -> None:
     """out [rows, N] = each row's x row @ W^T by the int8 GEMV of `qtype`; data [N, row bytes], or with `experts`
     (each output row's expert) [experts, N, row bytes], x's row then the output row // x_row_div."""
-    kernel, default, row_unit, takes_sums = _int8_gemv(qtype, data)
+    kernel, default, row_unit, takes_sums, options = _int8_gemv(qtype, data)
     m, n = out.shape
     k = x.shape[1]
     block_n, block_b, warps, split_warps = gemv_config or default
@@ -212,33 +224,20 @@ def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizatio
         out if experts is None else experts, 0 if experts is None else data.stride(0), m, n, k,
         data.stride(-2) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
         BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, EXPERTS=experts is not None, X_ROW_DIV=x_row_div,
-        num_warps=warps)
-
-
-def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
-    """Whether gguf_expert_gemv runs experts `data` [experts, N, row bytes] of `qtype`."""
-    return data.is_cuda and data.is_contiguous() and runs_int8_gemv(qtype, data.view(-1, data.shape[-1]))
-
-
-def gguf_expert_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
-                     experts: torch.Tensor, x_row_div: int) -> torch.Tensor:
-    """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `data` [E, N, row bytes] of `qtype` over
-    k columns, where runs_expert_gemv(data, qtype)."""
-    out = torch.empty(experts.numel(), data.shape[1], dtype=x.dtype, device=x.device)
-    if out.shape[0]:
-        launch_int8_gemv(x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, None)
-    return out
+        num_warps=warps, **options)
 
 
 def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
-    """(kernel, default config, bytes of its unit of row stride, whether it takes x's run sums) of the int8 GEMV
-    that runs `data`, or None."""
-    if qtype == T.Q4_K and _rows_aligned(data, 4):
-        return _q4_k_q8_gemv_kernel, Q4_K_GEMV_CONFIG, 4, True
+    """(kernel, default config, bytes of its unit of row stride, whether it takes x's run sums, its options) of
+    the int8 GEMV that runs `data`, or None."""
+    if qtype in (T.Q4_K, T.Q5_K) and _rows_aligned(data, 4):
+        fifth_bit = qtype == T.Q5_K
+        return (_k_q8_gemv_kernel, Q5_K_GEMV_CONFIG if fifth_bit else Q4_K_GEMV_CONFIG, 4, True,
+                {"FIFTH_BIT": fifth_bit})
     if qtype == T.Q6_K and _rows_aligned(data, 2):
-        return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False
+        return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False, {}
     if qtype == T.Q8_0 and _rows_aligned(data, 2) and data.shape[-1] % (8 * 34) == 0:  # whole 256-column groups
-        return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True
+        return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True, {}
     return None
 
 

@@ -1,8 +1,8 @@
-"""Q4_K, Q6_K and Q8_0 weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program decoding its
-tile of W from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow one), so
-the packed bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Over (token, expert)
-pairs sorted by expert (moe_align's tiles) the same kernel runs packed experts (a GGUF file's, or quantized in
-situ).
+"""Q4_K, Q5_K, Q6_K and Q8_0 weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program
+decoding its tile of W from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow
+one), so the packed bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Over (token,
+expert) pairs sorted by expert (moe_align's tiles) the same kernel runs packed experts (a GGUF file's, or quantized
+in situ) of every type gguf_decode.py reads: the other types' tiles are decoded element by element.
 """
 
 from __future__ import annotations
@@ -10,17 +10,19 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from wick.kernels.gemv_split import SplitK, store_split_output
+from wick.kernels.gguf_decode import TRITON_CODES, TRITON_TYPES, decode, iq4_levels
 from wick.kernels.gguf_int8_gemv import k_scale_min_words, q4_k_head, runs_int8_gemv
 
 T = GGMLQuantizationType
-TILE_TYPES = frozenset({T.Q4_K, T.Q6_K, T.Q8_0})
+# The types with a tile step of their own, whose dense layers can take tiles.
+TILE_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0})
 # Rows of x up to which a dense layer of a type runs the tile kernel; past them W is dequantized whole for cuBLAS.
 # Q8_0 decodes cheaply: its dense layers lost to the decoded path at 32 and 64 rows (0.64-0.66 against 0.49 ms,
 # Llama-3.1-8B's four linears, H100), so only its experts run tiles.
-TILE_MAX_ROWS = {T.Q4_K: 256, T.Q6_K: 128}
+TILE_MAX_ROWS = {T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 128}
 # (BLOCK_M, BLOCK_N, K_STEP (columns a step), warps, stages) of the tile kernel by the most rows they serve
 # (benchmarks/kernels/bench_quant_gemm.py --sweep on an H100); past the last, the last.
 TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, int, int]]]] = {
@@ -38,8 +40,10 @@ TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, in
         (1 << 62, (128, 64, 128, 4, 3)),
     ],
 }
-# Q8_0's dense layers take no tiles unless forced (tile_max_rows); its tiles then take Q6_K's shapes.
+# Q8_0's dense layers take no tiles unless forced (tile_max_rows); its tiles then take Q6_K's shapes. Q5_K's take
+# Q4_K's.
 TILE_CONFIGS[T.Q8_0] = TILE_CONFIGS[T.Q6_K]
+TILE_CONFIGS[T.Q5_K] = TILE_CONFIGS[T.Q4_K]
 # The same over (token, expert) pairs sorted by expert, by the pairs an expert gets on average, for every type (an
 # MoE layer's two GEMMs share one layout of sorted pairs). A row tile that holds all of an expert's pairs decodes
 # its blocks once: at 16 pairs an expert on average 64-row tiles took 514 us against 693 with 128 rows and more
@@ -55,27 +59,37 @@ TILE_SPLIT_WARPS = 16
 
 
 @triton.jit
-def _q4_k_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr):
-    """Q4_K W's columns c0 .. c0 + K_STEP (64, 128 or 256, within one block) of rows at byte offsets row_base, as
-    float32 [BLOCK_N, K_STEP]. Byte 32p + l of a block's codes holds element 64p + l in its low nibble and
-    64p + 32 + l in its high one; the codes are read as [BLOCK_N, PAIRS, 2, 32] (each byte twice, once a nibble)
-    so that the tile comes out in column order."""
+def _k_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr, FIFTH_BIT: tl.constexpr):
+    """Q4_K W's (Q5_K's where FIFTH_BIT) columns c0 .. c0 + K_STEP (64, 128 or 256, within one block) of rows at
+    byte offsets row_base, as float32 [BLOCK_N, K_STEP]. Byte 32p + l of a block's low four bits holds element
+    64p + l in its low nibble and 64p + 32 + l in its high one; the codes are read as [BLOCK_N, PAIRS, 2, 32] (each
+    byte twice, once a nibble) so that the tile comes out in column order. Q5_K's fifth bit of element 32s + l is
+    bit s of byte l of its 32 fifth-bit bytes."""
     PAIRS: tl.constexpr = K_STEP // 64
+    BLOCK_BYTES: tl.constexpr = 176 if FIFTH_BIT else 144
+    LOW_BITS: tl.constexpr = 48 if FIFTH_BIT else 16
+    LEVELS: tl.constexpr = 32 if FIFTH_BIT else 16
+    SHIFT: tl.constexpr = 18 if FIFTH_BIT else 19  # q in the mantissa's top 5 or 4 bits
     words = w_ptr.to(tl.pointer_type(tl.int32))
-    block = row_base // 4 + (c0 // 256) * 36
+    block = row_base // 4 + (c0 // 256) * (BLOCK_BYTES // 4)
     p0 = (c0 % 256) // 64
     p = tl.arange(0, PAIRS)[None, :, None]
     half = tl.arange(0, 2)[None, None, :]
     lane = tl.arange(0, 32)[None, None, None, :]
     d, dmin, a, m, c = q4_k_head(words, block)
     d, dmin = d[:, None, None], dmin[:, None, None]
-    scale, minimum = k_scale_min_words(a[:, None, None], m[:, None, None], c[:, None, None], 2 * (p0 + p) + half)
-    codes = tl.load((w_ptr + block * 4 + 16 + p0 * 32)[:, None, None, None] + 32 * p[:, :, :, None] + lane)
-    # A code q in the float32 mantissa's top bits reads 1 + q / 16: no integer-to-float conversion, which runs at
-    # an eighth of the rate of a multiply-add. w = (1 + q / 16) * 16 d s - (16 d s + dmin m).
-    ds16 = (16.0 * d * scale)[:, :, :, None]
-    q = (((codes.to(tl.int32) >> (4 * half[:, :, :, None])) & 15) << 19 | 0x3F800000).to(tl.float32, bitcast=True)
-    return tl.reshape(q * ds16 - (ds16 + (dmin * minimum)[:, :, :, None]), (BLOCK_N, K_STEP))
+    sub = 2 * (p0 + p) + half
+    scale, minimum = k_scale_min_words(a[:, None, None], m[:, None, None], c[:, None, None], sub)
+    codes = tl.load((w_ptr + block * 4 + LOW_BITS + p0 * 32)[:, None, None, None] + 32 * p[:, :, :, None] + lane)
+    q = (codes.to(tl.int32) >> (4 * half[:, :, :, None])) & 15
+    if FIFTH_BIT:
+        fifth = tl.load((w_ptr + block * 4 + 16)[:, None, None, None] + lane).to(tl.int32)
+        q |= ((fifth >> sub[:, :, :, None]) & 1) << 4
+    # A code q in the float32 mantissa's top bits reads 1 + q / LEVELS: no integer-to-float conversion, which runs
+    # at an eighth of the rate of a multiply-add. w = (1 + q / LEVELS) * LEVELS d s - (LEVELS d s + dmin m).
+    ds = (LEVELS * d * scale)[:, :, :, None]
+    q = (q << SHIFT | 0x3F800000).to(tl.float32, bitcast=True)
+    return tl.reshape(q * ds - (ds + (dmin * minimum)[:, :, :, None]), (BLOCK_N, K_STEP))
 
 
 @triton.jit
@@ -117,13 +131,25 @@ def _q8_0_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr)
     return tl.reshape(q * d256 - 1.5 * d256, (BLOCK_N, K_STEP))
 
 
+@triton.jit
+def _decoded_step(w_ptr, levels_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
+                  CODE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr):
+    """W's columns c0 .. c0 + K_STEP (whole blocks of BS values in TS bytes) of rows at byte offsets row_base, as
+    float32 [BLOCK_N, K_STEP], each element decoded on its own (gguf_decode.py's type CODE)."""
+    cols = c0 + tl.arange(0, K_STEP)
+    block = w_ptr + row_base[:, None] + ((cols // BS) * TS)[None, :]
+    return decode(block, (cols % BS)[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32), levels_ptr, CODE)
+
+
 @triton.jit(do_not_specialize=["M"])
-def _tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, experts_ptr, padded_ptr, expert_bytes,
-                 M, N, K, stride_xm, row_bytes, stride_om, SPLIT_STEPS, SPLITS,
-                 QTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
-                 SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr, SORTED: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for W in GGUF type QTYPE (Q4_K, Q6_K or Q8_0), K_STEP columns a
-    step. Where SPLIT, program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py).
+def _tile_kernel(x_ptr, w_ptr, levels_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, experts_ptr, padded_ptr,
+                 expert_bytes, M, N, K, stride_xm, row_bytes, stride_om, SPLIT_STEPS, SPLITS,
+                 QTYPE: tl.constexpr, CODE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, K_STEP: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 SORTED: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """out^T tile [BLOCK_N, BLOCK_M] = W tile @ x^T for W in GGUF type QTYPE, K_STEP columns a step: Q4_K, Q5_K,
+    Q6_K and Q8_0 by steps of their own, other types element by element (gguf_decode.py's CODE, blocks of BS values
+    in TS bytes). Where SPLIT, program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py).
     SORTED: the output rows are M (token, expert) pairs, tile i's the sorted pairs sorted_ptr[i * BLOCK_M + ...]
     of expert experts_ptr[i] (moe_align's layout, M for padding; tiles from padded_ptr[0] / BLOCK_M on have none),
     W that expert's (expert_bytes apart) and x's row a pair's token (pair // X_ROW_DIV)."""
@@ -144,12 +170,14 @@ def _tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, expert
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     c_begin = tl.program_id(2) * SPLIT_STEPS * K_STEP
     for c0 in range(c_begin, tl.minimum(K, c_begin + SPLIT_STEPS * K_STEP), K_STEP):
-        if QTYPE == "Q4_K":
-            w = _q4_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
+        if QTYPE == "Q4_K" or QTYPE == "Q5_K":
+            w = _k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP, QTYPE == "Q5_K")
         elif QTYPE == "Q6_K":
             w = _q6_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
-        else:
+        elif QTYPE == "Q8_0":
             w = _q8_0_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
+        else:
+            w = _decoded_step(w_ptr, levels_ptr, row_base, c0, BLOCK_N, K_STEP, CODE, BS, TS)
         xt = tl.load(x_rows + (c0 + ks)[:, None], mask=m_mask[None, :], other=0.0)
         acc = tl.dot(w.to(x_ptr.dtype.element_ty), xt, acc, input_precision=DOT_PRECISION, out_dtype=tl.float32)
     store_split_output(acc, rows[None, :], cols[:, None], n_mask[:, None] & m_mask[None, :], out_ptr, stride_om,
@@ -159,6 +187,14 @@ def _tile_kernel(x_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, sorted_ptr, expert
 def runs_tiles(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
     """Whether the tile kernel runs W `data` [N, row bytes] of `qtype` (its rows aligned as the GEMVs need)."""
     return qtype in TILE_TYPES and runs_int8_gemv(qtype, data)
+
+
+def runs_expert_tiles(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
+    """Whether gguf_expert_matmul runs experts `data` [experts, N, row bytes] of `qtype`: every Triton type, those
+    with a step of their own where their rows are aligned as the GEMVs need."""
+    if qtype in TILE_TYPES:
+        return runs_int8_gemv(qtype, data.view(-1, data.shape[-1]))
+    return qtype in TRITON_TYPES
 
 
 def _tile_config(configs: list[tuple[int, tuple[int, int, int, int, int]]], rows: int,
@@ -209,13 +245,15 @@ def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, ou
     block_m, block_n, k_step, warps, stages = config
     if 256 % k_step or k_step < (128 if qtype == T.Q6_K else 64):
         raise ValueError(f"{qtype.name} tiles take 64 (not Q6_K), 128 or 256 columns a step, not {k_step}")
+    block_size, type_size = GGML_QUANT_SIZES[qtype]
     m, n = out.shape
     k = x.shape[1]
     grid = (triton.cdiv(m, block_m) if sorted_pairs is None else sorted_pairs[1].shape[0], triton.cdiv(n, block_n))
     split = SplitK(k // k_step, grid[0] * grid[1], warps, TILE_SPLIT_WARPS, out, split_k)
     _tile_kernel[(*grid, split.splits)](
-        x, data, out, split.work, split.counts, *(sorted_pairs or (out, out, out)),
+        x, data, iq4_levels(x.device), out, split.work, split.counts, *(sorted_pairs or (out, out, out)),
         0 if sorted_pairs is None else data.stride(0), m, n, k, x.stride(0), data.stride(-2), out.stride(0),
-        split.steps, split.splits, QTYPE=qtype.name, BLOCK_M=block_m, BLOCK_N=block_n, K_STEP=k_step,
+        split.steps, split.splits, QTYPE=qtype.name, CODE=TRITON_CODES[qtype], BS=block_size, TS=type_size,
+        BLOCK_M=block_m, BLOCK_N=block_n, K_STEP=k_step,
         SPLIT=split.splits > 1, DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         SORTED=sorted_pairs is not None, X_ROW_DIV=x_row_div, num_warps=warps, num_stages=stages)

@@ -198,7 +198,9 @@ _FLOAT_TYPES = {
     GGMLQuantizationType.BF16: torch.bfloat16,
 }
 
-SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_BLOCK_DECODERS) | frozenset(_FLOAT_TYPES)
+# The quantized types (blocks of codes and scales) and every type the loader reads.
+BLOCK_TYPES: frozenset[GGMLQuantizationType] = frozenset(_BLOCK_DECODERS)
+SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = BLOCK_TYPES | frozenset(_FLOAT_TYPES)
 
 
 def as_bytes(raw: np.ndarray | torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,6 @@
-"""The MoE layer's experts quantized in situ (`-q q4_k`, `q6_k`, `q8_0`): a float checkpoint's experts packed as
-they load, a model so quantized against the HF forward over the same weights rounded by the gguf package, and the
-types and shapes whose experts stay floats."""
+"""The MoE layer's experts quantized in situ (`-q q4_k`, `q5_k`, `q2_k`, ...): a float checkpoint's experts packed
+as they load, a model so quantized against the HF forward over the same weights rounded by the gguf package, and the
+shapes whose experts stay floats."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _rounded_by_gguf(weight: torch.Tensor, qtype: GGMLQuantizationType) -> torch
     return torch.from_numpy(np.ascontiguousarray(decoded)).reshape(weight.shape)
 
 
-@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_0, T.Q5_1],
+                         ids=lambda t: t.name)
 def test_model_with_experts_quantized_at_load_matches_reference(monkeypatch: pytest.MonkeyPatch,
                                                                 qtype: GGMLQuantizationType) -> None:
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")  # attention's GGUF layers in float32, not the bf16 kernels
@@ -91,16 +92,14 @@ def test_experts_by_one_or_all_at_once_pack_the_same() -> None:
     assert torch.equal(single.w2_weight[2], quantize(down[2], T.Q4_K))
 
 
-@pytest.mark.parametrize(("quantization", "intermediate", "message"), [
-    ("q5_k", 256, "only Q4_K, Q6_K and Q8_0 experts have kernels, not Q5_K"),
-    ("q8_0", 96, "packed experts need rows of whole 256-value groups, and their rows are 512 and 96"),
-])
-def test_experts_without_a_kernel_stay_floats(caplog: pytest.LogCaptureFixture, quantization: str,
-                                              intermediate: int, message: str) -> None:
+@pytest.mark.parametrize("quantization", ["q8_0", "q4_0"])
+def test_experts_off_whole_groups_stay_floats(caplog: pytest.LogCaptureFixture, quantization: str) -> None:
+    intermediate = 96
     spec = MoeSpec(num_experts=2, top_k=1, intermediate_size=intermediate, renormalize=True)
     _warn_once.cache_clear()  # the warning is given once a process
     with caplog.at_level(logging.WARNING, logger="wick.layers.moe.fused_moe"):
         layer = _layer(quantization, spec, 512)
     assert layer.isq_type is None and not layer.packed
     assert layer.w13_weight.dtype == torch.float32 and layer.w13_weight.shape == (2, 2 * intermediate, 512)
+    message = "packed experts need rows of whole 256-value groups, and their rows are 512 and 96"
     assert any(message in record.getMessage() for record in caplog.records)

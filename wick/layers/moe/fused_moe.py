@@ -20,7 +20,7 @@ from torch import nn
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.linear import divide
 from wick.layers.moe.fp8_experts import Fp8Experts, Fp8ExpertWeights, fused_experts_fp8
-from wick.layers.moe.gguf_experts import PACKED_EXPERT_TYPES, PackedExperts, fused_experts_gguf, packs_experts
+from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf, packs_experts
 from wick.layers.moe.routing import select_experts
 from wick.layers.moe.wna16_experts import Wna16Experts, Wna16ExpertWeights, fused_experts_wna16
 from wick.layers.quantization.awq import AWQConfig
@@ -142,9 +142,6 @@ class FusedMoE(nn.Module):
         if qtype is None:
             return None
         dtype = str(self.params_dtype).removeprefix("torch.")
-        if qtype not in PACKED_EXPERT_TYPES:
-            _warn_once(f"MoE experts stay in {dtype}: only Q4_K, Q6_K and Q8_0 experts have kernels, not {qtype.name}")
-            return None
         if not (packs_experts(qtype, self.hidden_size) and packs_experts(qtype, self.intermediate_size)):
             _warn_once(f"MoE experts stay in {dtype}: packed experts need rows of whole 256-value groups, and "
                        f"their rows are {self.hidden_size} and {self.intermediate_size} (on this rank) wide")

@@ -1,10 +1,11 @@
 """MoE experts kept in GGUF blocks: a GGUF file's, or a float checkpoint's quantized in situ.
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
-one GGUF type, about the file's size instead of bf16's. On a GPU, up to EXPERT_GEMV_MAX_PAIRS (token, expert)
-pairs (decode) run the int8 GEMVs of Q4_K, Q6_K and Q8_0, each pair's expert chosen inside the kernel; more pairs run
-the tile kernel over the pairs sorted by expert (each expert's blocks read once a tile of its pairs). On the CPU
-the reference decodes each expert a token chose as it meets it.
+one GGUF type (any of the quantized types the loader reads), about the file's size instead of bf16's. On a GPU, up
+to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) run the GEMVs (int8 ones for Q4_K, Q5_K, Q6_K and Q8_0, a
+float one for the other types), each pair's expert chosen inside the kernel; more pairs run the tile kernel over the
+pairs sorted by expert (each expert's blocks read once a tile of its pairs). On the CPU the reference decodes each
+expert a token chose as it meets it.
 """
 
 from __future__ import annotations
@@ -14,21 +15,21 @@ from dataclasses import dataclass
 import torch
 from gguf import GGMLQuantizationType
 
-from wick.loader.gguf_dequant import dequantize
+from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
 # (token, expert) pairs up to which the GEMVs run (each pair reads its expert); past them the tile kernel reads
 # each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
 # pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
 EXPERT_GEMV_MAX_PAIRS = 128
-# The GGUF types whose experts stay packed: those the GEMVs and the tile kernel read. A file's experts
-# of other types load as floats, as a layer's whose down projection splits off block boundaries under tensor
+# The GGUF types whose experts stay packed: every quantized type (wick/kernels/gguf_decode.py reads them all). A
+# file's float experts load as floats, as a layer's whose down projection splits off block boundaries under tensor
 # parallelism.
-PACKED_EXPERT_TYPES = frozenset({GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0})
+PACKED_EXPERT_TYPES = BLOCK_TYPES
 
 
 def packs_experts(qtype: GGMLQuantizationType, columns: int) -> bool:
     """Whether experts of `qtype` over rows of `columns` values stay packed: a type the kernels read, in rows of
-    whole 256-value groups (a K-quant's super-blocks; eight Q8_0 blocks)."""
+    whole 256-value groups (a K-quant's super-blocks; eight blocks of the others)."""
     return qtype in PACKED_EXPERT_TYPES and columns % 256 == 0
 
 
@@ -68,13 +69,13 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     pairs sorted by expert; "decoded", the experts decoded."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
-    from wick.kernels.gguf_int8_gemv import gguf_expert_gemv, runs_expert_gemv
-    from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_config, gguf_expert_matmul
+    from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
+    from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
     gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
-    tiles = gemv and w13.qtype in TILE_TYPES and w2.qtype in TILE_TYPES
+    tiles = gemv and runs_expert_tiles(w13.data, w13.qtype) and runs_expert_tiles(w2.data, w2.qtype)
     if path is None:
         path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
     if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
