@@ -17,11 +17,12 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from triton.testing import do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels import gguf_int8_gemv
+from wick.kernels import gguf_matmul as gguf_matmul_module
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
 from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
@@ -40,13 +41,19 @@ SWEEPS = {
     "q6_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
     "q8_0": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
 }
+# The float GEMV's, for the GGUF types without an int8 GEMV.
+FLOAT_SWEEP = list(itertools.product([8, 16, 32, 64], [1, 2], [2, 4, 8], [0, 16, 32]))
 # A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
 # an older tree's kernels).
 DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG}
 
 
 def _default(fmt: str) -> tuple | None:
-    return DEFAULTS[fmt] if fmt in DEFAULTS else getattr(gguf_int8_gemv, f"{fmt.upper()}_GEMV_CONFIG", None)
+    if fmt in DEFAULTS:
+        return DEFAULTS[fmt]
+    qtype = GGMLQuantizationType[fmt.upper()]
+    floats = getattr(gguf_matmul_module, "FLOAT_GEMV_CONFIGS", {})
+    return getattr(gguf_int8_gemv, f"{qtype.name}_GEMV_CONFIG", None) or floats.get(GGML_QUANT_SIZES[qtype][0])
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
@@ -124,7 +131,7 @@ def main() -> None:
     for fmt in args.formats.split(","):
         make = MAKERS.get(fmt) or partial(_gguf, GGMLQuantizationType[fmt.upper()])
         layers = [(name, *_cold(make, n, k), k) for name, n, k in LLAMA_8B]
-        configs = SWEEPS[fmt] if args.sweep and fmt in SWEEPS else [_default(fmt)]
+        configs = SWEEPS.get(fmt, FLOAT_SWEEP) if args.sweep else [_default(fmt)]
         timings: dict[str, dict[str, float]] = {}
         for config in configs:
             try:

@@ -76,6 +76,20 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize(("config", "split_k"), [((8, 2, 2, 0), None), ((16, 1, 1, 0), 3), ((8, 2, 2, 0), 100)],
+                         ids=["8x2", "split_3", "split_one_step_each"])
+def test_float_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int], split_k: int | None) -> None:
+    """The types without an int8 GEMV: x as it is, K split or not."""
+    n, k = 24, 1280
+    weight = random_gguf(qtype, n, k, seed=15)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
+    out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k), gemv_config=config, split_k=split_k)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+    assert not arrival_counts(out.device).any(), "a split GEMV leaves every tile's arrival count at 0"
+
+
 @pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q5_K, 2),
                                                (GGMLQuantizationType.Q6_K, 1), (GGMLQuantizationType.Q8_0, 1)],
                          ids=["q4_k", "q5_k", "q6_k", "q8_0"])

@@ -19,38 +19,48 @@ import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from wick.kernels.gemv_split import SplitK, store_split_output
 from wick.kernels.gguf_decode import TRITON_CODES, TRITON_TYPES, decode, iq4_levels
 from wick.kernels.gguf_int8_gemv import launch_int8_gemv, runs_int8_gemv
 from wick.kernels.gguf_tiles import TILE_MAX_ROWS, runs_tiles, tile_matmul
 
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
+# Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split) of the
+# float GEMV, which the types without an int8 GEMV take, by their values a block (benchmarks/kernels/
+# bench_quant_gemv.py --sweep; Llama-3.1-8B's layers in Q3_K on an H100: 297 us against 420 at (32, 1, 4, 16)).
+FLOAT_GEMV_CONFIGS = {256: (8, 1, 2, 32), 32: (32, 1, 4, 16)}
 
 
 @triton.jit
-def _gguf_gemv_kernel(x_ptr, w_ptr, levels_ptr, out_ptr, experts_ptr, expert_bytes, N, stride_xm, row_bytes,
-                      stride_om, K, QTYPE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr, BLOCK_N: tl.constexpr,
-                      EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """Output row program_id(0) over BLOCK_N rows of W, each block decoded to floats. Where EXPERTS the output
-    rows are (token, expert) pairs: W the pair's expert (experts_ptr[pair], expert_bytes apart) and x's row the
-    pair's token (pair // X_ROW_DIV)."""
+def _gguf_gemv_kernel(x_ptr, w_ptr, levels_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes, M, N,
+                      stride_xm, row_bytes, stride_om, K, SPLIT_BLOCKS, SPLITS, QTYPE: tl.constexpr,
+                      BS: tl.constexpr, TS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                      SPLIT: tl.constexpr, EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """Output row program_id(0) over BLOCK_N rows of W, BLOCK_B blocks a step, each block decoded to floats. Where
+    SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py). Where EXPERTS
+    the output rows are (token, expert) pairs: W the pair's expert (experts_ptr[pair], expert_bytes apart) and x's
+    row the pair's token (pair // X_ROW_DIV)."""
     pair = tl.program_id(0).to(tl.int64)
     if EXPERTS:
         w_ptr += tl.load(experts_ptr + pair).to(tl.int64) * expert_bytes
     rows_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows_n < N
     # Rows past N read row 0 and are not stored.
-    safe_n = tl.where(n_mask, rows_n, 0).to(tl.int64)
+    blocks = w_ptr + tl.where(n_mask, rows_n, 0).to(tl.int64)[:, None] * row_bytes
     e = tl.arange(0, BS)
     e2 = e[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     x_row = x_ptr + (pair // X_ROW_DIV) * stride_xm
-    for b in range(0, K // BS):
-        w = decode(w_ptr + safe_n[:, None] * row_bytes + b * TS, e2, levels_ptr, QTYPE)
-        x = tl.load(x_row + b * BS + e).to(tl.float32)
-        acc += tl.sum(w * x[None, :], axis=1)
-    out = out_ptr + pair * stride_om + rows_n
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // BS, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            b = b0 + bb
+            w = decode(blocks + b * TS, e2, levels_ptr, QTYPE)
+            x = tl.load(x_row + b * BS + e).to(tl.float32)
+            acc += tl.sum(w * x[None, :], axis=1)
+    store_split_output(acc, tl.program_id(0), rows_n, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                       SPLIT)
 
 
 @triton.jit
@@ -101,7 +111,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
                 split_k: int | None = None, tile_config: tuple[int, int, int, int, int] | None = None,
                 tile_max_rows: int | None = None) -> torch.Tensor:
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
-    gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the int8 GEMV and
+    gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the GEMV and
     split_k its splits of K (of either kernel); tile_config: (BLOCK_M, BLOCK_N, K_STEP, warps, stages) of the
     tile kernel (Q4_K, Q5_K, Q6_K, Q8_0) and tile_max_rows the most rows it takes; for benchmarks and tests, None picks
     them (no rows where W dequantized stays in the L2 cache)."""
@@ -135,13 +145,17 @@ def _gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out:
         launch_int8_gemv(x, data, qtype, out, experts, x_row_div, gemv_config, split_k)
         return
     block_size, type_size = GGML_QUANT_SIZES[qtype]
-    block_n = 32 if block_size == 256 else 64
     m, n = out.shape
-    _gguf_gemv_kernel[(m, triton.cdiv(n, block_n))](
-        x, data, iq4_levels(x.device), out, out if experts is None else experts,
-        0 if experts is None else data.stride(0), n, x.stride(0), data.stride(-2), out.stride(0), x.shape[1],
-        QTYPE=TRITON_CODES[qtype], BS=block_size, TS=type_size, BLOCK_N=block_n, EXPERTS=experts is not None,
-        X_ROW_DIV=x_row_div)
+    k = x.shape[1]
+    block_n, block_b, warps, split_warps = gemv_config or FLOAT_GEMV_CONFIGS[block_size]
+    block_b = math.gcd(block_b, k // block_size)
+    grid = (m, triton.cdiv(n, block_n))
+    split = SplitK(k // block_size // block_b, m * grid[1], warps, split_warps, out, split_k)
+    _gguf_gemv_kernel[(*grid, split.splits)](
+        x, data, iq4_levels(x.device), out, split.work, split.counts, out if experts is None else experts,
+        0 if experts is None else data.stride(0), m, n, x.stride(0), data.stride(-2), out.stride(0), k,
+        split.steps * block_b, split.splits, QTYPE=TRITON_CODES[qtype], BS=block_size, TS=type_size, BLOCK_N=block_n,
+        BLOCK_B=block_b, SPLIT=split.splits > 1, EXPERTS=experts is not None, X_ROW_DIV=x_row_div, num_warps=warps)
 
 
 def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:

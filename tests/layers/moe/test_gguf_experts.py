@@ -116,7 +116,7 @@ def test_experts_of_two_types_in_one_tensor_are_refused() -> None:
     (T.Q4_K, T.Q6_K, 300, None), (T.Q4_K, T.Q6_K, 1100, None), (T.Q4_K, T.Q6_K, 40, "decoded"),
     (T.Q6_K, T.Q6_K, 300, None), (T.Q8_0, T.Q8_0, 3, "gemv"), (T.Q8_0, T.Q8_0, 3, "tiles"),
     (T.Q8_0, T.Q8_0, 300, "tiles"), (T.Q5_K, T.Q6_K, 1, None), (T.Q5_K, T.Q5_K, 3, "tiles"),
-    (T.Q5_K, T.Q6_K, 300, None), (T.Q3_K, T.Q5_K, 1, None), (T.Q3_K, T.Q5_K, 300, None), (T.Q2_K, T.Q4_0, 3, None),
+    (T.Q5_K, T.Q6_K, 300, None), (T.Q3_K, T.Q5_K, 1, None), (T.Q3_K, T.Q5_K, 300, None), (T.Q3_K, T.Q5_K, 2100, None), (T.Q2_K, T.Q4_0, 3, None),
     (T.Q2_K, T.Q4_0, 300, None), (T.IQ4_XS, T.Q5_1, 3, None), (T.IQ4_XS, T.Q5_1, 300, None)])
 def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantizationType, tokens: int,
                             path: str | None, dtype: torch.dtype) -> None:

@@ -21,6 +21,10 @@ from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 # each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
 # pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
 EXPERT_GEMV_MAX_PAIRS = 128
+# Pairs past which the types without a tile step of their own (gguf_tiles.py decodes them element by element) run
+# the experts decoded whole instead: Q3_K experts at 2,048 pairs took 1,155 us in tiles against 1,241 decoded, at
+# 16,384 3,936 against 1,533 (Qwen3-30B-A3B's experts, H100).
+DECODED_TILES_MAX_PAIRS = 4096
 # The GGUF types whose experts stay packed: every quantized type (wick/kernels/gguf_decode.py reads them all). A
 # file's float experts load as floats, as a layer's whose down projection splits off block boundaries under tensor
 # parallelism.
@@ -66,17 +70,20 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
     """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
     the first that runs): "gemv", the GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the tile kernel over the
-    pairs sorted by expert; "decoded", the experts decoded."""
+    pairs sorted by expert (types without a step of their own up to DECODED_TILES_MAX_PAIRS); "decoded", the
+    experts decoded whole."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
     from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
-    from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
+    from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_config, gguf_expert_matmul, runs_expert_tiles
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
     gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
     tiles = gemv and runs_expert_tiles(w13.data, w13.qtype) and runs_expert_tiles(w2.data, w2.qtype)
     if path is None:
+        own_steps = w13.qtype in TILE_TYPES and w2.qtype in TILE_TYPES
+        tiles = tiles and (own_steps or num_pairs <= DECODED_TILES_MAX_PAIRS)
         path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
     if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
         raise ValueError(f"experts in {w13.qtype.name} and {w2.qtype.name} have no {path} path")
