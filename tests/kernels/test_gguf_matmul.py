@@ -19,6 +19,7 @@ from wick.kernels.gguf_matmul import (
     gguf_expert_gemv,
     gguf_matmul,
 )
+from wick.kernels.gguf_tiles import TILE_TYPES
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
@@ -27,15 +28,15 @@ from gguf_blocks import random_gguf  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-INT8_TYPES = [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K,
-              GGMLQuantizationType.Q8_0]
+INT8_TYPES = [GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+              GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0]
 
 
 def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.dtype) -> None:
     weight = random_gguf(qtype, n, k, seed=int(qtype))
     data = weight.data.to(DEVICE)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(2)).to(DEVICE, dtype)
-    # A few rows of x against Q4_K, Q5_K, Q6_K or Q8_0 take the int8 GEMVs: their reference is x as they quantize x.
+    # A few rows of x against the types with int8 GEMVs take them: their reference is x as they quantize x.
     int8_gemv = runs_int8_gemv(qtype, data) and rows <= GEMV_MAX_ROWS
     x_seen = quantize_q8_ref(x) if int8_gemv else x.float()
     expected = x_seen @ dequantize(data, qtype, (n, k)).t()
@@ -76,7 +77,7 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
 @pytest.mark.parametrize(("config", "split_k"), [((8, 2, 2, 0), None), ((16, 1, 1, 0), 3), ((8, 2, 2, 0), 100)],
                          ids=["8x2", "split_3", "split_one_step_each"])
 def test_float_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int], split_k: int | None) -> None:
@@ -90,9 +91,10 @@ def test_float_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, in
     assert not arrival_counts(out.device).any(), "a split GEMV leaves every tile's arrival count at 0"
 
 
-@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q4_K, 2), (GGMLQuantizationType.Q5_K, 2),
-                                               (GGMLQuantizationType.Q6_K, 1), (GGMLQuantizationType.Q8_0, 1)],
-                         ids=["q4_k", "q5_k", "q6_k", "q8_0"])
+@pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q3_K, 1), (GGMLQuantizationType.Q4_K, 2),
+                                               (GGMLQuantizationType.Q5_K, 2), (GGMLQuantizationType.Q6_K, 1),
+                                               (GGMLQuantizationType.Q8_0, 1)],
+                         ids=["q3_k", "q4_k", "q5_k", "q6_k", "q8_0"])
 def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationType, offset: int) -> None:
     n, k = 8, 256
     weight = random_gguf(qtype, n, k, seed=8)
@@ -121,7 +123,7 @@ def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("qtype", INT8_TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(TILE_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
 def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:
     n, k = 300, 1024
@@ -153,7 +155,7 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
-Q4_K, Q5_K, Q6_K, Q8_0 = INT8_TYPES
+Q4_K, Q5_K, Q6_K, Q8_0 = INT8_TYPES[1:]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "n", "k", "config", "split_k"), [

@@ -1,4 +1,4 @@
-"""The int8 GEMVs of Q4_K, Q5_K, Q6_K and Q8_0 weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
+"""The int8 GEMVs of Q3_K, Q4_K, Q5_K, Q6_K and Q8_0 weights: x rounded to int8 in runs of 32 (llama.cpp's Q8_1,
 wick/kernels/int8_activations.py) meets four weight codes at a time in dp4a, each sub-block's integer sum taking
 its scales once, since decoding each weight to a float cost more instructions than its bytes took to arrive.
 One program owns BLOCK_N rows of W for one row of x, K split among programs where the rows alone leave the SMs
@@ -22,6 +22,8 @@ T = GGMLQuantizationType
 Q4_K_GEMV_CONFIG = (8, 2, 1, 16)
 # The same for the Q5_K GEMV (Q4_K's kernel with a fifth bit).
 Q5_K_GEMV_CONFIG = Q4_K_GEMV_CONFIG
+# The same for the Q3_K GEMV.
+Q3_K_GEMV_CONFIG = (4, 1, 1, 16)
 # The same for the Q6_K GEMV.
 Q6_K_GEMV_CONFIG = (4, 1, 1, 16)
 # The same for the Q8_0 GEMV, whose "blocks" are groups of eight 32-value blocks (256 columns).
@@ -172,6 +174,58 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
 
 
 @triton.jit
+def _q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q3_K W, BLOCK_B blocks a
+    step. A 110-byte block (hmask[32], qs[64], 12 bytes of 6-bit scales, fp16 d) is 2-byte aligned, so its words
+    are read as pairs of 16-bit halves. Element 128h + 32p + 4i + b takes its low two bits from bits 2p of byte b
+    of qs word 8h + i and its third from bit 4h + p of byte b of hmask word i: the tensors below are indexed
+    [row, h, p, g, w] with i = 4g + w, so a scale group of 16 elements is one (h, p, g). The codes are unsigned
+    (q + 4): a group's dot takes 4 times its sum of x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS
+    blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
+    halves = w_ptr.to(tl.pointer_type(tl.uint16))
+    row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None]
+    h = tl.arange(0, 2)[None, :, None, None, None]
+    p = tl.arange(0, 4)[None, None, :, None, None]
+    g = tl.arange(0, 2)[None, None, None, :, None]
+    i = 4 * g + tl.arange(0, 4)[None, None, None, None, :]
+    qs_at = 16 + 16 * h + 2 * i
+    hmask_at = 2 * i
+    x_at = 32 * h + 8 * p + i
+    sub = (8 * h + 2 * p + g).reshape(1, 2, 4, 2)
+    low_shift = 4 * (sub // 8)
+    high_shift = 2 * (sub // 4)
+    run = (4 * h + p).reshape(1, 2, 4, 1)
+    acc = tl.zeros([BLOCK_N, 2, 4, 2], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            blk = b0 + bb
+            block = row_base + blk * 55
+            qs = tl.load(halves + block + qs_at).to(tl.int32) | (tl.load(halves + block + qs_at + 1).to(tl.int32) << 16)
+            hmask = (tl.load(halves + block + hmask_at).to(tl.int32)
+                     | (tl.load(halves + block + hmask_at + 1).to(tl.int32) << 16))
+            codes = ((qs >> (2 * p)) & 0x03030303) | (((hmask >> (4 * h + p)) & 0x01010101) << 2)
+            x = tl.load(x_words + blk * 64 + x_at)
+            dot = tl.sum(dp4a(codes, x, DP4A), axis=4)
+            x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=4)
+            block_byte = (2 * block).reshape(BLOCK_N, 1, 1, 1)
+            low4 = (tl.load(w_ptr + block_byte + 96 + sub % 8).to(tl.int32) >> low_shift) & 15
+            high2 = (tl.load(w_ptr + block_byte + 104 + sub % 4).to(tl.int32) >> high_shift) & 3
+            scale = ((low4 | (high2 << 4)) - 32).to(tl.float32)
+            d = tl.load(halves + block.reshape(BLOCK_N, 1, 1, 1) + 54).to(tl.float16, bitcast=True)
+            xd = tl.load(xd_ptr + runs + blk * 8 + run)
+            acc += d.to(tl.float32) * scale * xd * (dot - 4 * x_sum).to(tl.float32)
+    total = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+    store_split_output(total, tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                       SPLIT)
+
+
+@triton.jit
 def _q8_0_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                          M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
                          BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
@@ -236,6 +290,8 @@ def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
                 {"FIFTH_BIT": fifth_bit})
     if qtype == T.Q6_K and _rows_aligned(data, 2):
         return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False, {}
+    if qtype == T.Q3_K and _rows_aligned(data, 2):
+        return _q3_k_q8_gemv_kernel, Q3_K_GEMV_CONFIG, 2, False, {}
     if qtype == T.Q8_0 and _rows_aligned(data, 2) and data.shape[-1] % (8 * 34) == 0:  # whole 256-column groups
         return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True, {}
     return None

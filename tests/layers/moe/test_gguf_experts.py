@@ -116,8 +116,9 @@ def test_experts_of_two_types_in_one_tensor_are_refused() -> None:
     (T.Q4_K, T.Q6_K, 300, None), (T.Q4_K, T.Q6_K, 1100, None), (T.Q4_K, T.Q6_K, 40, "decoded"),
     (T.Q6_K, T.Q6_K, 300, None), (T.Q8_0, T.Q8_0, 3, "gemv"), (T.Q8_0, T.Q8_0, 3, "tiles"),
     (T.Q8_0, T.Q8_0, 300, "tiles"), (T.Q5_K, T.Q6_K, 1, None), (T.Q5_K, T.Q5_K, 3, "tiles"),
-    (T.Q5_K, T.Q6_K, 300, None), (T.Q3_K, T.Q5_K, 1, None), (T.Q3_K, T.Q5_K, 300, None), (T.Q3_K, T.Q5_K, 2100, None), (T.Q2_K, T.Q4_0, 3, None),
-    (T.Q2_K, T.Q4_0, 300, None), (T.IQ4_XS, T.Q5_1, 3, None), (T.IQ4_XS, T.Q5_1, 300, None)])
+    (T.Q5_K, T.Q6_K, 300, None), (T.Q3_K, T.Q5_K, 1, None), (T.Q3_K, T.Q5_K, 300, None),
+    (T.Q3_K, T.Q5_K, 2100, None), (T.Q2_K, T.Q4_0, 3, None), (T.Q2_K, T.Q4_0, 300, None), (T.IQ4_XS, T.Q5_1, 3, None),
+    (T.IQ4_XS, T.Q5_1, 300, None)])
 def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantizationType, tokens: int,
                             path: str | None, dtype: torch.dtype) -> None:
     packed, dense = _pair(qtype, down_type, "cuda", dtype)
@@ -128,7 +129,9 @@ def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantiza
     assert out.dtype == dtype
     pairs = tokens * SPEC.top_k
     gemv = path == "gemv" or (path is None and pairs <= EXPERT_GEMV_MAX_PAIRS)
-    # the int8 GEMVs meet x rounded to int8 in runs of 32, as llama.cpp's experts do; bf16 rounds what it holds
-    int8 = {T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0}
-    tolerance = 2e-2 if (gemv and {qtype, down_type} & int8) or dtype == torch.bfloat16 else 1e-4
+    # the int8 GEMVs meet x rounded to int8 in runs of 32, as llama.cpp's experts do (the kernel tests check them
+    # against x so rounded, to 1e-4); bf16 rounds what it holds; at one token the two add up (Q3_K, Q5_K: 2.4%)
+    int8 = gemv and bool({qtype, down_type} & {T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0})
+    bf16 = dtype == torch.bfloat16
+    tolerance = 4e-2 if int8 and bf16 else 2e-2 if int8 or bf16 else 1e-4
     torch.testing.assert_close(out.float(), expected, atol=tolerance * expected.abs().max().item(), rtol=0)
