@@ -54,6 +54,12 @@ def k_scale_min_words(a, m, c, sub):
 
 
 @triton.jit
+def _word(halves, at):
+    """The int32 words at 16-bit half offsets `at` of a 2-byte aligned block, from their two halves."""
+    return tl.load(halves + at).to(tl.int32) | (tl.load(halves + at + 1).to(tl.int32) << 16)
+
+
+@triton.jit
 def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.constexpr, EXPERTS: tl.constexpr,
                X_ROW_DIV: tl.constexpr):
     """What an int8 GEMV program works on: W, its row of x's codes as int32 words, the index of that row's first
@@ -157,8 +163,8 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
             block = row_base + blk * 105
-            ql = tl.load(halves + block + ql_at).to(tl.int32) | (tl.load(halves + block + ql_at + 1).to(tl.int32) << 16)
-            qh = tl.load(halves + block + qh_at).to(tl.int32) | (tl.load(halves + block + qh_at + 1).to(tl.int32) << 16)
+            ql = _word(halves, block + ql_at)
+            qh = _word(halves, block + qh_at)
             codes = ((ql >> (4 * p2)) & 0x0F0F0F0F) | (((qh >> (4 * p2 + 2 * p1)) & 0x03030303) << 4)
             x = tl.load(x_words + blk * 64 + x_at)
             dot = tl.sum(dp4a(codes, x, DP4A), axis=5)
@@ -206,9 +212,8 @@ def _q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
             block = row_base + blk * 55
-            qs = tl.load(halves + block + qs_at).to(tl.int32) | (tl.load(halves + block + qs_at + 1).to(tl.int32) << 16)
-            hmask = (tl.load(halves + block + hmask_at).to(tl.int32)
-                     | (tl.load(halves + block + hmask_at + 1).to(tl.int32) << 16))
+            qs = _word(halves, block + qs_at)
+            hmask = _word(halves, block + hmask_at)
             codes = ((qs >> (2 * p)) & 0x03030303) | (((hmask >> (4 * h + p)) & 0x01010101) << 2)
             x = tl.load(x_words + blk * 64 + x_at)
             dot = tl.sum(dp4a(codes, x, DP4A), axis=4)
@@ -248,7 +253,7 @@ def _q8_0_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
             group = b0 + bb
             block = row_base[:, None] + (8 * group + j[None, :]) * 17
             word = block[:, :, None] + 1 + 2 * i
-            codes = tl.load(halves + word).to(tl.int32) | (tl.load(halves + word + 1).to(tl.int32) << 16)
+            codes = _word(halves, word)
             x = tl.load(x_words + group * 64 + 8 * j[None, :, None] + i)
             dot = tl.sum(dp4a(codes ^ -0x7F7F7F80, x, DP4A), axis=2).to(tl.float32)  # -0x7F7F7F80: 0x80808080
             d = tl.load(halves + block).to(tl.float16, bitcast=True).to(tl.float32)
