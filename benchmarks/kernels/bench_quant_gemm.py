@@ -1,11 +1,11 @@
 """GGUF weights against many rows of x (prefill, larger decode batches) at Llama-3.1-8B's linear layers, ms for
 the four, each row count: bf16's x @ W^T, W dequantized whole for cuBLAS, and gguf_matmul as the layer runs it
-(for Q4_K and Q6_K the tile kernel up to TILE_MAX_ROWS rows). `--sweep` also times every tile shape of SWEEP
+(for Q4_K, Q5_K and Q6_K the tile kernel up to TILE_MAX_ROWS rows). `--sweep` also times every tile shape of SWEEP
 (forced, for every row count) and prints the best. `--qtype GPTQ`: 4-bit weights in groups of 128 (GPTQ/AWQ), the
 W4A16 tile kernel (wna16_matmul) against W dequantized (one kernel) for cuBLAS, as the layer picks them
 (DEQUANTIZE_MIN_ROWS).
 
-    python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K|Q6_K|Q8_0|GPTQ] [--rows 16 64 256 2048 8192] [--sweep]
+    python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K|Q5_K|Q6_K|Q8_0|GPTQ] [--rows 16 64 256 2048] [--sweep]
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ WNA16_SWEEP = list(itertools.product([16, 32, 64, 128], [64, 128], [64, 128], [4
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--qtype", default="Q4_K", choices=["Q4_K", "Q6_K", "Q8_0", "GPTQ"])
+    parser.add_argument("--qtype", default="Q4_K", choices=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "GPTQ"])
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024, 2048, 8192])
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()

@@ -38,6 +38,8 @@ SWEEPS = {
     "fp8": list(itertools.product([4, 8, 16], [512, 1024], [2, 4, 8])),
     "fp8_block": list(itertools.product([4, 8, 16], [128, 512, 1024], [2, 4, 8])),
     "q5_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),
+    "q3_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
+    "q4_0": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
     "q6_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
     "q8_0": list(itertools.product([4, 8, 16], [1, 2], [1, 2, 4], [0, 16, 32])),
 }

@@ -29,7 +29,8 @@ from gguf_blocks import random_gguf  # noqa: E402
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 INT8_TYPES = [GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
-              GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0]
+              GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
+              GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1]
 
 
 def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.dtype) -> None:
@@ -77,7 +78,7 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
-@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q4_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q2_K, GGMLQuantizationType.IQ4_NL], ids=lambda t: t.name)
 @pytest.mark.parametrize(("config", "split_k"), [((8, 2, 2, 0), None), ((16, 1, 1, 0), 3), ((8, 2, 2, 0), 100)],
                          ids=["8x2", "split_3", "split_one_step_each"])
 def test_float_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int], split_k: int | None) -> None:
@@ -93,8 +94,8 @@ def test_float_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, in
 
 @pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q3_K, 1), (GGMLQuantizationType.Q4_K, 2),
                                                (GGMLQuantizationType.Q5_K, 2), (GGMLQuantizationType.Q6_K, 1),
-                                               (GGMLQuantizationType.Q8_0, 1)],
-                         ids=["q3_k", "q4_k", "q5_k", "q6_k", "q8_0"])
+                                               (GGMLQuantizationType.Q8_0, 1), (GGMLQuantizationType.Q5_1, 1)],
+                         ids=["q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q5_1"])
 def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationType, offset: int) -> None:
     n, k = 8, 256
     weight = random_gguf(qtype, n, k, seed=8)
@@ -155,7 +156,7 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
-Q4_K, Q5_K, Q6_K, Q8_0 = INT8_TYPES[1:]
+Q4_K, Q5_K, Q6_K, Q8_0 = INT8_TYPES[1:5]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "n", "k", "config", "split_k"), [
@@ -201,15 +202,17 @@ def test_tile_kernel(monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationTyp
     assert not arrival_counts(torch.device(DEVICE)).any()
 
 
+@pytest.mark.parametrize("split_k", [None, 3])
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
-def test_expert_gemv(qtype: GGMLQuantizationType) -> None:
-    """Each (token, expert) pair's row against its expert: x as the int8 GEMVs round it, or as it is."""
+def test_expert_gemv(qtype: GGMLQuantizationType, split_k: int | None) -> None:
+    """Each (token, expert) pair's row against its expert, K split or not: x as the int8 GEMVs round it, or as it
+    is."""
     experts, n, k, tokens, top_k = 3, 24, 512, 3, 2
     weights = [random_gguf(qtype, n, k, seed=20 + e) for e in range(experts)]
     data = torch.stack([w.data for w in weights]).to(DEVICE)
     ids = torch.tensor([2, 0, 1, 1, 0, 2], dtype=torch.int32, device=DEVICE)
     x = torch.randn(tokens, k, generator=torch.Generator().manual_seed(9)).to(DEVICE)
-    out = gguf_expert_gemv(x, data, qtype, k, ids, top_k)
+    out = gguf_expert_gemv(x, data, qtype, k, ids, top_k, split_k)
     x_seen = quantize_q8_ref(x) if runs_int8_gemv(qtype, weights[0].data) else x
     expected = torch.stack([x_seen[p // top_k] @ dequantize(weights[e].data, qtype, (n, k)).to(DEVICE).t()
                             for p, e in enumerate(ids.tolist())])

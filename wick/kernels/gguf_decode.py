@@ -15,8 +15,8 @@ from gguf import GGMLQuantizationType
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
 T = GGMLQuantizationType
-TRITON_CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3_K: 6, T.Q4_K: 7, T.Q5_K: 8,
-          T.Q6_K: 9, T.IQ4_NL: 10, T.IQ4_XS: 11}
+TRITON_CODES = {T.Q4_0: 0, T.Q4_1: 1, T.Q5_0: 2, T.Q5_1: 3, T.Q8_0: 4, T.Q2_K: 5, T.Q3_K: 6, T.Q4_K: 7,
+                T.Q5_K: 8, T.Q6_K: 9, T.IQ4_NL: 10, T.IQ4_XS: 11}
 TRITON_TYPES: frozenset[GGMLQuantizationType] = frozenset(TRITON_CODES)
 
 
@@ -108,7 +108,6 @@ def decode(block, e, levels_ptr, QTYPE: tl.constexpr):
         scale = tl.load(block + 192 + e // 16).to(tl.int8, bitcast=True)
         w = _f16(block, 208) * scale.to(tl.float32) * q.to(tl.float32)
     return w
-
 
 
 @functools.cache

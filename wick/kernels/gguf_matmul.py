@@ -2,7 +2,7 @@
 
 For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
 owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
-step and reducing it against a row of x. Q4_K, Q5_K, Q6_K and Q8_0 have GEMVs of their own on x rounded to int8
+step and reducing it against a row of x. The types but Q2_K and IQ4 have GEMVs of their own on x rounded to int8
 (gguf_int8_gemv.py). From 9 to TILE_MAX_ROWS rows Q4_K, Q5_K and Q6_K run the tile kernel of gguf_tiles.py, their
 bytes read once a tile of rows. Otherwise (prefill, other types, layers small enough that their decoded copy stays
 in the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed experts, each
@@ -164,10 +164,10 @@ def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
 
 
 def gguf_expert_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
-                     experts: torch.Tensor, x_row_div: int) -> torch.Tensor:
+                     experts: torch.Tensor, x_row_div: int, split_k: int | None = None) -> torch.Tensor:
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `data` [E, N, row bytes] of `qtype` over
-    k columns, where runs_expert_gemv(data, qtype)."""
+    k columns, where runs_expert_gemv(data, qtype). split_k: the splits of K, for tests; None picks them."""
     out = torch.empty(experts.numel(), data.shape[1], dtype=x.dtype, device=x.device)
     if out.shape[0]:
-        _gemv(x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, None)
+        _gemv(x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, split_k)
     return out

@@ -111,7 +111,7 @@ def _q6_k_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr)
     scale = tl.load((w_ptr + block + 192 + 8 * h + 2 * (2 * hi + lo) + s).to(tl.pointer_type(tl.int8)))
     d = tl.load((w_ptr + block + 208).to(tl.pointer_type(tl.float16))).to(tl.float32)
     code = ((ql >> (4 * hi)) & 15) | (((qh >> (2 * (2 * hi + lo))) & 3) << 4)
-    # As in _q4_k_step: 1 + q / 64 from the mantissa, w = d s (q - 32) = (1 + q / 64) * 64 d s - 96 d s.
+    # As in _k_step: 1 + q / 64 from the mantissa, w = d s (q - 32) = (1 + q / 64) * 64 d s - 96 d s.
     ds64 = 64.0 * d * scale.to(tl.float32)
     q = (code << 17 | 0x3F800000).to(tl.float32, bitcast=True)
     return tl.reshape(q * ds64 - 1.5 * ds64, (BLOCK_N, K_STEP))
@@ -124,7 +124,7 @@ def _q8_0_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr)
     block = (row_base + (c0 // 32) * 34)[:, None, None] + 34 * tl.arange(0, K_STEP // 32)[None, :, None]
     codes = tl.load(w_ptr + block + 2 + tl.arange(0, 32)[None, None, :]).to(tl.int32)
     d = tl.load((w_ptr + block).to(tl.pointer_type(tl.float16))).to(tl.float32)
-    # As in _q4_k_step: q + 128 (the sign bit flipped) in the mantissa reads 1 + (q + 128) / 256, and
+    # As in _k_step: q + 128 (the sign bit flipped) in the mantissa reads 1 + (q + 128) / 256, and
     # w = d q = (1 + (q + 128) / 256) * 256 d - 384 d.
     d256 = 256.0 * d
     q = ((codes ^ 0x80) << 15 | 0x3F800000).to(tl.float32, bitcast=True)
@@ -134,8 +134,8 @@ def _q8_0_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr)
 @triton.jit
 def _decoded_step(w_ptr, levels_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
                   CODE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr):
-    """W's columns c0 .. c0 + K_STEP (whole blocks of BS values in TS bytes) of rows at byte offsets row_base, as
-    float32 [BLOCK_N, K_STEP], each element decoded on its own (gguf_decode.py's type CODE)."""
+    """W's columns c0 .. c0 + K_STEP of rows at byte offsets row_base (blocks of BS values in TS bytes), as float32
+    [BLOCK_N, K_STEP], each element decoded on its own (gguf_decode.py's type CODE)."""
     cols = c0 + tl.arange(0, K_STEP)
     block = w_ptr + row_base[:, None] + ((cols // BS) * TS)[None, :]
     return decode(block, (cols % BS)[None, :] + tl.zeros([BLOCK_N, 1], dtype=tl.int32), levels_ptr, CODE)
@@ -192,6 +192,8 @@ def runs_tiles(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
 def runs_expert_tiles(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
     """Whether gguf_expert_matmul runs experts `data` [experts, N, row bytes] of `qtype`: every Triton type, those
     with a step of their own where their rows are aligned as the GEMVs need."""
+    if not data.is_contiguous():
+        return False
     if qtype in TILE_TYPES:
         return runs_int8_gemv(qtype, data.view(-1, data.shape[-1]))
     return qtype in TRITON_TYPES
@@ -245,6 +247,8 @@ def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, ou
     block_m, block_n, k_step, warps, stages = config
     if 256 % k_step or k_step < (128 if qtype == T.Q6_K else 64):
         raise ValueError(f"{qtype.name} tiles take 64 (not Q6_K), 128 or 256 columns a step, not {k_step}")
+    if x.shape[1] % k_step:
+        raise ValueError(f"tiles of {k_step} columns a step do not cover rows of {x.shape[1]} columns")
     block_size, type_size = GGML_QUANT_SIZES[qtype]
     m, n = out.shape
     k = x.shape[1]

@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from wick.layers.moe.fused_moe import FusedMoE, fused_experts_ref
-from wick.layers.moe.gguf_experts import EXPERT_GEMV_MAX_PAIRS, fused_experts_gguf
+from wick.layers.moe.gguf_experts import DECODED_TILES_MAX_PAIRS, EXPERT_GEMV_MAX_PAIRS, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig
@@ -131,7 +131,28 @@ def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantiza
     gemv = path == "gemv" or (path is None and pairs <= EXPERT_GEMV_MAX_PAIRS)
     # the int8 GEMVs meet x rounded to int8 in runs of 32, as llama.cpp's experts do (the kernel tests check them
     # against x so rounded, to 1e-4); bf16 rounds what it holds; at one token the two add up (Q3_K, Q5_K: 2.4%)
-    int8 = gemv and bool({qtype, down_type} & {T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0})
+    int8 = gemv and bool({qtype, down_type} - {T.Q2_K, T.IQ4_NL, T.IQ4_XS})
     bf16 = dtype == torch.bfloat16
     tolerance = 4e-2 if int8 and bf16 else 2e-2 if int8 or bf16 else 1e-4
     torch.testing.assert_close(out.float(), expected, atol=tolerance * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(("qtype", "tokens", "tiles"), [(T.Q3_K, 300, True), (T.Q3_K, 2100, False),
+                                                        (T.Q4_K, 2100, True)], ids=["q3_k_300", "q3_k_2100", "q4_k"])
+def test_gpu_types_without_a_tile_step_decode_their_experts_past_the_bound(
+        monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationType, tokens: int, tiles: bool) -> None:
+    from wick.kernels import gguf_tiles
+
+    calls = []
+    matmul = gguf_tiles.gguf_expert_matmul
+    monkeypatch.setattr(gguf_tiles, "gguf_expert_matmul", lambda *args: calls.append(1) or matmul(*args))
+    packed, dense = _pair(qtype, qtype, "cuda", torch.float32)
+    x, logits = _inputs(tokens, "cuda", torch.float32)
+    weights, ids = select_experts(logits, SPEC.top_k, SPEC.renormalize)
+    assert (tokens * SPEC.top_k > DECODED_TILES_MAX_PAIRS) == (tokens == 2100)
+    out = fused_experts_gguf(x, packed.packed["w13"], packed.packed["w2"], weights, ids)
+    assert bool(calls) == tiles
+    expected = fused_experts_ref(x, dense.w13_weight, dense.w2_weight, weights, ids)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)

@@ -2,8 +2,8 @@
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
 one GGUF type (any of the quantized types the loader reads), about the file's size instead of bf16's. On a GPU, up
-to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) run the GEMVs (int8 ones for Q4_K, Q5_K, Q6_K and Q8_0, a
-float one for the other types), each pair's expert chosen inside the kernel; more pairs run the tile kernel over the
+to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) run the GEMVs (int8 ones where the type has one, else a
+float one), each pair's expert chosen inside the kernel; more pairs run the tile kernel over the
 pairs sorted by expert (each expert's blocks read once a tile of its pairs). On the CPU the reference decodes each
 expert a token chose as it meets it.
 """

@@ -2,8 +2,8 @@
 
 A linear layer holds each merged shard's packed rows ([rows, row bytes] of uint8, one GGUF type per
 shard; llama.cpp's mixes put e.g. Q6_K v beside Q4_K q and k). On a GPU, consecutive shards of one
-type are joined and run by Triton kernels (a fused dequantize-GEMV for a few rows of input, for Q4_K and Q6_K a
-dequantize-in-tile matmul up to a few hundred, W dequantized for cuBLAS past them); elsewhere the torch
+type are joined and run by Triton kernels (a fused dequantize-GEMV for a few rows of input, for Q4_K, Q5_K and Q6_K
+a dequantize-in-tile matmul up to a few hundred, W dequantized for cuBLAS past them); elsewhere the torch
 dequantizers of wick/loader/gguf_dequant.py turn a bounded slice of rows back into floats per forward. On
 CPU the packed rows stay views of the file's memory map, so the weights cost the file's pages and nothing more.
 """
