@@ -25,16 +25,13 @@ EXPERT_GEMV_MAX_PAIRS = 128
 # the experts decoded whole instead: Q3_K experts at 2,048 pairs took 1,155 us in tiles against 1,241 decoded, at
 # 16,384 3,936 against 1,533 (Qwen3-30B-A3B's experts, H100).
 DECODED_TILES_MAX_PAIRS = 4096
-# The GGUF types whose experts stay packed: every quantized type (wick/kernels/gguf_decode.py reads them all). A
-# file's float experts load as floats, as a layer's whose down projection splits off block boundaries under tensor
-# parallelism.
-PACKED_EXPERT_TYPES = BLOCK_TYPES
 
 
 def packs_experts(qtype: GGMLQuantizationType, columns: int) -> bool:
-    """Whether experts of `qtype` over rows of `columns` values stay packed: a type the kernels read, in rows of
-    whole 256-value groups (a K-quant's super-blocks; eight blocks of the others)."""
-    return qtype in PACKED_EXPERT_TYPES and columns % 256 == 0
+    """Whether experts of `qtype` over rows of `columns` values stay packed: every quantized type (wick/kernels/
+    gguf_decode.py reads them all; float experts load as floats), in rows of whole 256-value groups (a K-quant's
+    super-blocks; eight blocks of the others), which a tensor-parallel rank's down projection may cut off."""
+    return qtype in BLOCK_TYPES and columns % 256 == 0
 
 
 @dataclass
