@@ -30,7 +30,8 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 INT8_TYPES = [GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
               GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0,
-              GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1]
+              GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1,
+              GGMLQuantizationType.Q2_K, GGMLQuantizationType.IQ4_NL, GGMLQuantizationType.IQ4_XS]
 
 
 def _check(qtype: GGMLQuantizationType, rows: int, n: int, k: int, dtype: torch.dtype) -> None:
@@ -78,30 +79,43 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
 
 
+def _off_word_boundaries(data: torch.Tensor, offset: int) -> torch.Tensor:
+    """data's rows `offset` bytes into wider ones, on DEVICE: the int8 GEMVs cannot read them."""
+    padded = torch.zeros(data.shape[0], data.shape[1] + offset, dtype=torch.uint8)
+    padded[:, offset:] = data
+    return padded.to(DEVICE)[:, offset:]
+
+
+def test_every_quantized_type_has_an_int8_gemv() -> None:
+    assert set(INT8_TYPES) == BLOCK_TYPES
+    assert all(runs_int8_gemv(qtype, random_gguf(qtype, 8, 256, seed=1).data) for qtype in INT8_TYPES)
+
+
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q2_K, GGMLQuantizationType.IQ4_NL], ids=lambda t: t.name)
 @pytest.mark.parametrize(("config", "split_k"), [((8, 2, 2, 0), None), ((16, 1, 1, 0), 3), ((8, 2, 2, 0), 100)],
                          ids=["8x2", "split_3", "split_one_step_each"])
 def test_float_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int], split_k: int | None) -> None:
-    """The types without an int8 GEMV: x as it is, K split or not."""
+    """Rows the int8 GEMVs cannot read take the float GEMV: x as it is, K split or not."""
     n, k = 24, 1280
     weight = random_gguf(qtype, n, k, seed=15)
+    data = _off_word_boundaries(weight.data, 1)
+    assert not runs_int8_gemv(qtype, data)
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
-    out = gguf_matmul(x, weight.data.to(DEVICE), qtype, (n, k), gemv_config=config, split_k=split_k)
+    out = gguf_matmul(x, data, qtype, (n, k), gemv_config=config, split_k=split_k)
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
     assert not arrival_counts(out.device).any(), "a split GEMV leaves every tile's arrival count at 0"
 
 
 @pytest.mark.parametrize(("qtype", "offset"), [(GGMLQuantizationType.Q3_K, 1), (GGMLQuantizationType.Q4_K, 2),
                                                (GGMLQuantizationType.Q5_K, 2), (GGMLQuantizationType.Q6_K, 1),
-                                               (GGMLQuantizationType.Q8_0, 1), (GGMLQuantizationType.Q5_1, 1)],
-                         ids=["q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q5_1"])
+                                               (GGMLQuantizationType.Q8_0, 1), (GGMLQuantizationType.Q5_1, 1),
+                                               (GGMLQuantizationType.IQ4_XS, 2)],
+                         ids=["q3_k", "q4_k", "q5_k", "q6_k", "q8_0", "q5_1", "iq4_xs"])
 def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationType, offset: int) -> None:
     n, k = 8, 256
     weight = random_gguf(qtype, n, k, seed=8)
-    padded = torch.zeros(n, weight.data.shape[1] + offset, dtype=torch.uint8)
-    padded[:, offset:] = weight.data
-    data = padded.to(DEVICE)[:, offset:]
+    data = _off_word_boundaries(weight.data, offset)
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(4)).to(DEVICE)
     # the float product: the int8 GEMVs would be 1e-2 away
     expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)

@@ -1,7 +1,8 @@
-"""The int8 GEMVs of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K and Q6_K weights: x rounded to int8 in runs of 32
-(llama.cpp's Q8_1, wick/kernels/int8_activations.py) meets four weight codes at a time in dp4a, each sub-block's
-integer sum taking its scales once, since decoding each weight to a float cost more instructions than its bytes took
-to arrive. One program owns BLOCK_N rows of W for one row of x, K split among programs where the rows alone leave the
+"""The int8 GEMVs of every quantized GGUF type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL,
+IQ4_XS): x rounded to int8 in runs of 32 (llama.cpp's Q8_1, wick/kernels/int8_activations.py) meets four weight
+codes at a time in dp4a, each sub-block's integer sum taking its scales once, since decoding each weight to a float
+cost more instructions than its bytes took to arrive. IQ4's codes become their levels' bytes by two byte permutes
+first. One program owns BLOCK_N rows of W for one row of x, K split among programs where the rows alone leave the
 SMs short (gemv_split.py). With experts, each output row is a (token, expert) pair and its expert is picked in the
 kernel.
 """
@@ -14,7 +15,8 @@ import triton.language as tl
 from gguf import GGMLQuantizationType
 
 from wick.kernels.gemv_split import SplitK, store_split_output
-from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
+from wick.kernels.int8_activations import DP4A, byte_perm, dp4a, dp4a_signed, quantize_q8
+from wick.loader.gguf_dequant import IQ4_LEVELS
 
 T = GGMLQuantizationType
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
@@ -32,9 +34,28 @@ Q8_0_GEMV_CONFIG = (4, 1, 1, 16)
 # at Q8_0's), and for Q4_1, Q5_0 and Q5_1 (its kernel with a minimum or a fifth bit).
 Q4_0_GEMV_CONFIG = (8, 2, 2, 16)
 Q4_1_GEMV_CONFIG = Q5_0_GEMV_CONFIG = Q5_1_GEMV_CONFIG = Q4_0_GEMV_CONFIG
-# Each such type's config, its block in 16-bit halves, whether it has a minimum m and a fifth bit.
-_Q4_Q5_BLOCKS = {T.Q4_0: (Q4_0_GEMV_CONFIG, 9, False, False), T.Q4_1: (Q4_1_GEMV_CONFIG, 10, True, False),
-                 T.Q5_0: (Q5_0_GEMV_CONFIG, 11, False, True), T.Q5_1: (Q5_1_GEMV_CONFIG, 12, True, True)}
+# The same for IQ4_NL, whose block is Q4_0's with its codes indexing IQ4_LEVELS (Q4_0's kernel too; Llama-3.1-8B's
+# layers: 111.3 us against 116.1 at Q4_0's).
+IQ4_NL_GEMV_CONFIG = (8, 1, 2, 32)
+# The same for the Q2_K GEMV (81.0 us against 86.4 at Q3_K's).
+Q2_K_GEMV_CONFIG = (4, 2, 1, 16)
+# The same for the IQ4_XS GEMV (91.2 us against 100.4 at Q4_K's).
+IQ4_XS_GEMV_CONFIG = (4, 2, 1, 32)
+# Each such type's config, its block in 16-bit halves, whether it has a minimum m, a fifth bit, IQ4 levels.
+_Q4_Q5_BLOCKS = {T.Q4_0: (Q4_0_GEMV_CONFIG, 9, False, False, False),
+                 T.Q4_1: (Q4_1_GEMV_CONFIG, 10, True, False, False),
+                 T.Q5_0: (Q5_0_GEMV_CONFIG, 11, False, True, False),
+                 T.Q5_1: (Q5_1_GEMV_CONFIG, 12, True, True, False),
+                 T.IQ4_NL: (IQ4_NL_GEMV_CONFIG, 9, False, False, True)}
+
+
+def _level_word(first: int) -> tl.constexpr:
+    """IQ4_LEVELS[first:first + 4] as the signed bytes of an int32, the first lowest."""
+    word = int.from_bytes(bytes(level & 255 for level in IQ4_LEVELS[first:first + 4]), "little")
+    return tl.constexpr(word - (1 << 32) if word >= 1 << 31 else word)
+
+
+_LEVELS_0, _LEVELS_4, _LEVELS_8, _LEVELS_12 = (_level_word(first) for first in (0, 4, 8, 12))
 
 
 @triton.jit
@@ -64,6 +85,19 @@ def k_scale_min_words(a, m, c, sub):
 def _word(halves, at):
     """The int32 words at 16-bit half offsets `at` of a 2-byte aligned block, from their two halves."""
     return tl.load(halves + at).to(tl.int32) | (tl.load(halves + at + 1).to(tl.int32) << 16)
+
+
+@triton.jit
+def iq4_levels(codes, DP4A: tl.constexpr):
+    """Four 4-bit codes, one in the low nibble of each byte of `codes`, to their IQ4 levels as signed bytes: each
+    byte is picked from the table's low eight and from its high eight, and bit 3 of the code chooses."""
+    selector = (codes & 0x7) | ((codes >> 4) & 0x70) | ((codes >> 8) & 0x700) | ((codes >> 12) & 0x7000)
+    low = byte_perm(tl.full(codes.shape, _LEVELS_0, tl.int32), tl.full(codes.shape, _LEVELS_4, tl.int32), selector,
+                    DP4A)
+    high = byte_perm(tl.full(codes.shape, _LEVELS_8, tl.int32), tl.full(codes.shape, _LEVELS_12, tl.int32),
+                     selector, DP4A)
+    upper = ((codes >> 3) & 0x01010101) * 0xFF
+    return (low & ~upper) | (high & upper)
 
 
 @triton.jit
@@ -283,15 +317,15 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
                           M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
                           BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
                           EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, BLOCK_HALVES: tl.constexpr,
-                          HAS_MIN: tl.constexpr, FIFTH_BIT: tl.constexpr):
+                          HAS_MIN: tl.constexpr, FIFTH_BIT: tl.constexpr, LEVELS: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_0 W (Q4_1 where HAS_MIN,
-    Q5_0 where FIFTH_BIT, Q5_1 where both), BLOCK_B groups of eight 32-value blocks a step. A block (fp16 d, Q4_1's
-    and Q5_1's fp16 m, Q5's 32 fifth bits, then 16 bytes of codes) is BLOCK_HALVES 16-bit halves. Byte l of the
-    codes holds element l in its low nibble and element 16 + l in its high one, so code word i meets x's words i
-    and 4 + i; element e's fifth bit is bit e of the fifth-bit word. Q4_0 and Q5_0 are w = d (q - 8) and
-    d (q - 16): 8 or 16 times the run's sum of x (xs) comes back off; Q4_1 and Q5_1 are w = d q + m: m xs comes on.
-    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS groups from group s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as
-    in _gemv_rows."""
+    Q5_0 where FIFTH_BIT, Q5_1 where both, IQ4_NL where LEVELS), BLOCK_B groups of eight 32-value blocks a step. A
+    block (fp16 d, Q4_1's and Q5_1's fp16 m, Q5's 32 fifth bits, then 16 bytes of codes) is BLOCK_HALVES 16-bit
+    halves. Byte l of the codes holds element l in its low nibble and element 16 + l in its high one, so code word i
+    meets x's words i and 4 + i; element e's fifth bit is bit e of the fifth-bit word. Q4_0 and Q5_0 are w = d (q - 8)
+    and d (q - 16): 8 or 16 times the run's sum of x (xs) comes back off; Q4_1 and Q5_1 are w = d q + m: m xs comes
+    on; IQ4_NL is w = d IQ4_LEVELS[q], the levels signed bytes for dp4a. Where SPLIT, program (.., .., s) takes
+    SPLIT_BLOCKS groups from group s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
                                                     EXPERTS, X_ROW_DIV)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
@@ -315,13 +349,102 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
                 high |= _fifth_bits(qh, 16 + 4 * i)
             x_low = tl.load(x_words + group * 64 + 8 * j[None, :, None] + i)
             x_high = tl.load(x_words + group * 64 + 8 * j[None, :, None] + 4 + i)
-            dot = tl.sum(dp4a(low, x_low, DP4A) + dp4a(high, x_high, DP4A), axis=2).to(tl.float32)
             d = tl.load(halves + block).to(tl.float16, bitcast=True).to(tl.float32)
             xd = tl.load(xd_ptr + runs + group * 8 + j)[None, :]
-            xs = tl.load(xs_ptr + runs + group * 8 + j)[None, :]
-            acc += d * (xd * dot - offset * xs)
-            if HAS_MIN:
-                acc += tl.load(halves + block + 1).to(tl.float16, bitcast=True).to(tl.float32) * xs
+            if LEVELS:
+                dot = tl.sum(dp4a_signed(iq4_levels(low, DP4A), x_low, DP4A)
+                             + dp4a_signed(iq4_levels(high, DP4A), x_high, DP4A), axis=2).to(tl.float32)
+                acc += d * xd * dot
+            else:
+                dot = tl.sum(dp4a(low, x_low, DP4A) + dp4a(high, x_high, DP4A), axis=2).to(tl.float32)
+                xs = tl.load(xs_ptr + runs + group * 8 + j)[None, :]
+                acc += d * (xd * dot - offset * xs)
+                if HAS_MIN:
+                    acc += tl.load(halves + block + 1).to(tl.float16, bitcast=True).to(tl.float32) * xs
+    store_split_output(tl.sum(acc, axis=1), tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr,
+                       counts_ptr, M, N, SPLITS, SPLIT)
+
+
+@triton.jit
+def _q2_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
+                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q2_K W, BLOCK_B blocks a
+    step. An 84-byte block (16 bytes of 4-bit scales and mins, qs[64], fp16 d and dmin) is 2-byte aligned, so its
+    words are read as pairs of 16-bit halves. Element 128h + 32p + 4i + b is bits 2p of byte b of qs word 8h + i,
+    as Q3_K's low two bits: the tensors below are indexed [row, h, p, g, w] with i = 4g + w, and a group of 16
+    elements, one (h, p, g), is w = d sc q - dmin m with its scale byte's low nibble sc and high one m: m times the
+    group's sum of x comes off. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block
+    s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
+    halves = w_ptr.to(tl.pointer_type(tl.uint16))
+    row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None]
+    h = tl.arange(0, 2)[None, :, None, None, None]
+    p = tl.arange(0, 4)[None, None, :, None, None]
+    g = tl.arange(0, 2)[None, None, None, :, None]
+    i = 4 * g + tl.arange(0, 4)[None, None, None, None, :]
+    qs_at = 8 + 16 * h + 2 * i
+    x_at = 32 * h + 8 * p + i
+    group = (8 * h + 2 * p + g).reshape(1, 2, 4, 2)
+    run = (4 * h + p).reshape(1, 2, 4, 1)
+    acc = tl.zeros([BLOCK_N, 2, 4, 2], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            blk = b0 + bb
+            block = row_base + blk * 42
+            codes = (_word(halves, block + qs_at) >> (2 * p)) & 0x03030303
+            x = tl.load(x_words + blk * 64 + x_at)
+            dot = tl.sum(dp4a(codes, x, DP4A), axis=4).to(tl.float32)
+            x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=4).to(tl.float32)
+            block = block.reshape(BLOCK_N, 1, 1, 1)
+            scale_min = tl.load(w_ptr + 2 * block + group)
+            d = tl.load(halves + block + 40).to(tl.float16, bitcast=True).to(tl.float32)
+            dmin = tl.load(halves + block + 41).to(tl.float16, bitcast=True).to(tl.float32)
+            xd = tl.load(xd_ptr + runs + blk * 8 + run)
+            acc += xd * (d * (scale_min & 15).to(tl.float32) * dot - dmin * (scale_min >> 4).to(tl.float32) * x_sum)
+    total = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
+    store_split_output(total, tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
+                       SPLIT)
+
+
+@triton.jit
+def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                           M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
+                           BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                           EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of IQ4_XS W, BLOCK_B blocks a
+    step. A 136-byte block reads as int32 words: word 0 holds fp16 d and the 2-bit high parts of the eight 6-bit
+    scales, word 1 their low nibbles, then sub-block s (32 elements) is words 2 + 4s .. 5 + 4s, IQ4_NL's 16 bytes
+    of codes (element l in the low nibble of byte l, 16 + l in the high one): w = d (scale - 32) IQ4_LEVELS[q].
+    Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV
+    as in _gemv_rows."""
+    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
+                                                    EXPERTS, X_ROW_DIV)
+    words = w_ptr.to(tl.pointer_type(tl.int32))
+    row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
+    sub = tl.arange(0, 8)
+    i = tl.arange(0, 4)
+    acc = tl.zeros([BLOCK_N, 8], dtype=tl.float32)
+    b_begin = tl.program_id(2) * SPLIT_BLOCKS
+    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
+        for bb in tl.static_range(BLOCK_B):
+            blk = b0 + bb
+            block = row_base + blk * 34
+            codes = tl.load(words + block[:, None, None] + 2 + 4 * sub[None, :, None] + i[None, None, :])
+            x_low = tl.load(x_words + blk * 64 + 8 * sub[:, None] + i[None, :])[None, :, :]
+            x_high = tl.load(x_words + blk * 64 + 8 * sub[:, None] + 4 + i[None, :])[None, :, :]
+            dot = tl.sum(dp4a_signed(iq4_levels(codes & 0x0F0F0F0F, DP4A), x_low, DP4A)
+                         + dp4a_signed(iq4_levels((codes >> 4) & 0x0F0F0F0F, DP4A), x_high, DP4A), axis=2)
+            head = tl.load(words + block)[:, None]
+            d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+            low4 = (tl.load(words + block + 1)[:, None] >> (4 * sub[None, :])) & 15
+            high2 = (head >> (16 + 2 * sub[None, :])) & 3
+            scale = ((low4 | (high2 << 4)) - 32).to(tl.float32)
+            xd = tl.load(xd_ptr + runs + blk * 8 + sub)[None, :]
+            acc += d * scale * xd * dot.to(tl.float32)
     store_split_output(tl.sum(acc, axis=1), tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr,
                        counts_ptr, M, N, SPLITS, SPLIT)
 
@@ -361,11 +484,15 @@ def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
         return _q3_k_q8_gemv_kernel, Q3_K_GEMV_CONFIG, 2, False, {}
     if qtype == T.Q8_0 and _rows_aligned(data, 2) and data.shape[-1] % (8 * 34) == 0:  # whole 256-column groups
         return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True, {}
+    if qtype == T.Q2_K and _rows_aligned(data, 2):
+        return _q2_k_q8_gemv_kernel, Q2_K_GEMV_CONFIG, 2, False, {}
+    if qtype == T.IQ4_XS and _rows_aligned(data, 4):
+        return _iq4_xs_q8_gemv_kernel, IQ4_XS_GEMV_CONFIG, 4, False, {}
     if qtype in _Q4_Q5_BLOCKS and _rows_aligned(data, 2):
-        config, block_halves, has_min, fifth_bit = _Q4_Q5_BLOCKS[qtype]
+        config, block_halves, has_min, fifth_bit, levels = _Q4_Q5_BLOCKS[qtype]
         if data.shape[-1] % (8 * 2 * block_halves) == 0:  # whole 256-column groups
             return (_q4_q5_q8_gemv_kernel, config, 2, True,
-                    {"BLOCK_HALVES": block_halves, "HAS_MIN": has_min, "FIFTH_BIT": fifth_bit})
+                    {"BLOCK_HALVES": block_halves, "HAS_MIN": has_min, "FIFTH_BIT": fifth_bit, "LEVELS": levels})
     return None
 
 

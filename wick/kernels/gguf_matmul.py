@@ -1,12 +1,13 @@
 """x @ W^T with W in GGUF blocks.
 
-For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once: one program
-owns BLOCK_N rows of W and walks their blocks along K, decoding a [BLOCK_N, block size] tile in registers per
-step and reducing it against a row of x. The types but Q2_K and IQ4 have GEMVs of their own on x rounded to int8
-(gguf_int8_gemv.py). From 9 to TILE_MAX_ROWS rows Q4_K, Q5_K and Q6_K run the tile kernel of gguf_tiles.py, their
-bytes read once a tile of rows. Otherwise (prefill, other types, layers small enough that their decoded copy stays
-in the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed experts, each
-output row a (token, expert) pair whose expert the kernel picks.
+For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once. Every type has a
+GEMV of its own on x rounded to int8 (gguf_int8_gemv.py); weights it cannot read (rows off word boundaries, 32-value
+blocks not in whole groups of eight) take a float GEMV: one program owns BLOCK_N rows of W and walks their blocks
+along K, decoding a [BLOCK_N, block size] tile in registers per step and reducing it against a row of x. From 9 to
+TILE_MAX_ROWS rows Q4_K, Q5_K, Q6_K and Q8_0 run the tile kernel of gguf_tiles.py, their bytes read once a tile of rows.
+Otherwise (prefill, other types, layers small enough that their decoded copy stays in the L2 cache) W is decoded
+whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed experts, each output row a (token, expert)
+pair whose expert the kernel picks.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from wick.kernels.gguf_tiles import TILE_MAX_ROWS, runs_tiles, tile_matmul
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split) of the
-# float GEMV, which the types without an int8 GEMV take, by their values a block (benchmarks/kernels/
+# float GEMV, which weights the int8 GEMVs cannot read take, by their values a block (benchmarks/kernels/
 # bench_quant_gemv.py --sweep; Llama-3.1-8B's layers in Q3_K on an H100: 297 us against 420 at (32, 1, 4, 16)).
 FLOAT_GEMV_CONFIGS = {256: (8, 1, 2, 32), 32: (32, 1, 4, 16)}
 

@@ -28,6 +28,34 @@ def dp4a(a, b, DP4A: tl.constexpr):
 
 
 @triton.jit
+def dp4a_signed(a, b, DP4A: tl.constexpr):
+    """Sum over the four bytes of signed a times signed b (int32 words)."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        total = tl.zeros_like(a)
+        for k in tl.static_range(4):
+            total += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)
+        return total
+
+
+@triton.jit
+def byte_perm(a, b, selector, DP4A: tl.constexpr):
+    """Byte k of the result is byte s of the eight bytes of a (0-3) then b (4-7), s = nibble k of selector (each
+    of the four low nibbles in 0..7): PTX prmt."""
+    if DP4A:
+        return tl.inline_asm_elementwise("prmt.b32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, selector],
+                                         dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        out = tl.zeros_like(a)
+        for k in tl.static_range(4):
+            s = (selector >> (4 * k)) & 7
+            out |= ((tl.where(s < 4, a, b) >> (8 * (s & 3))) & 255) << (8 * k)
+        return out
+
+
+@triton.jit
 def _quantize_q8_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, CHUNKS: tl.constexpr, INTERLEAVE: tl.constexpr):
     """CHUNKS runs of one row of x: codes, d and d * sum(codes) per run. INTERLEAVE stores each eight codes
     as the even ones then the odd ones, so that a word of eight 4-bit weights (GPTQ's) meets x's codes in two
