@@ -1,11 +1,11 @@
 """GGUF weights against many rows of x (prefill, larger decode batches) at Llama-3.1-8B's linear layers, ms for
-the four, each row count: bf16's x @ W^T, W dequantized whole for cuBLAS, and gguf_matmul as the layer runs it
-(for Q4_K, Q5_K and Q6_K the tile kernel up to TILE_MAX_ROWS rows). `--sweep` also times every tile shape of SWEEP
-(forced, for every row count) and prints the best. `--qtype GPTQ`: 4-bit weights in groups of 128 (GPTQ/AWQ), the
-W4A16 tile kernel (wna16_matmul) against W dequantized (one kernel) for cuBLAS, as the layer picks them
-(DEQUANTIZE_MIN_ROWS).
+the four, each row count: bf16's x @ W^T, W dequantized whole for cuBLAS, the tile kernel (forced), and gguf_matmul
+as the layer runs it (the tile kernel up to the type's TILE_MAX_ROWS rows). `--sweep` also times every tile shape
+of SWEEP (forced, for every row count) and prints the best. `--qtype GPTQ`: 4-bit weights in groups of 128
+(GPTQ/AWQ), the W4A16 tile kernel (wna16_matmul) against W dequantized (one kernel) for cuBLAS, as the layer picks
+them (DEQUANTIZE_MIN_ROWS).
 
-    python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K|Q5_K|Q6_K|Q8_0|GPTQ] [--rows 16 64 256 2048] [--sweep]
+    python -m benchmarks.kernels.bench_quant_gemm [--qtype Q4_K|Q3_K|IQ4_XS|...|GPTQ] [--rows 16 64 256] [--sweep]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from benchmarks.kernels.bench_quant_gemv import LLAMA_8B
 from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import wna16_dequantize_triton, wna16_matmul
 from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS
+from wick.loader.gguf_dequant import BLOCK_TYPES
 
 # (BLOCK_M, BLOCK_N, K_STEP, warps, stages); Q6_K takes K_STEP of 128 and 256 only
 SWEEP = list(itertools.product([16, 32, 64, 128, 256], [64, 128], [64, 128, 256], [4, 8], [3]))
@@ -32,7 +33,7 @@ WNA16_SWEEP = list(itertools.product([16, 32, 64, 128], [64, 128], [64, 128], [4
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--qtype", default="Q4_K", choices=["Q4_K", "Q5_K", "Q6_K", "Q8_0", "GPTQ"])
+    parser.add_argument("--qtype", default="Q4_K", choices=[t.name for t in sorted(BLOCK_TYPES)] + ["GPTQ"])
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32, 64, 128, 256, 512, 1024, 2048, 8192])
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
@@ -44,8 +45,8 @@ def main() -> None:
     layers = [(n, k, random_gguf_blocks(qtype, n, k), torch.randn(n, k, dtype=torch.bfloat16, device="cuda"))
               for _, n, k in LLAMA_8B]
     print(f"{args.qtype}, Llama-3.1-8B's layers: ms for the four")
-    print(f"| rows | bf16 | dequantized + cuBLAS | {args.qtype} as the layer runs it | vs bf16 |")
-    print("|---|---|---|---|---|")
+    print(f"| rows | bf16 | dequantized + cuBLAS | tiles | {args.qtype} as the layer runs it | vs bf16 |")
+    print("|---|---|---|---|---|---|")
     for m in args.rows:
         xs = [torch.randn(m, k, dtype=torch.bfloat16, device="cuda") for _, k, _, _ in layers]
 
@@ -54,8 +55,10 @@ def main() -> None:
 
         bf16 = run(lambda x, n, k, data, w: x @ w.t())
         dequantized = run(lambda x, n, k, data, w: gguf_matmul(x, data, qtype, (n, k), tile_max_rows=0))
+        tiles = run(lambda x, n, k, data, w: gguf_matmul(x, data, qtype, (n, k), tile_max_rows=1 << 62))
         layer = run(lambda x, n, k, data, w: gguf_matmul(x, data, qtype, (n, k)))
-        print(f"| {m} | {bf16:.3f} | {dequantized:.3f} | {layer:.3f} | {bf16 / layer:.2f}x |", flush=True)
+        print(f"| {m} | {bf16:.3f} | {dequantized:.3f} | {tiles:.3f} | {layer:.3f} | {bf16 / layer:.2f}x |",
+              flush=True)
         if args.sweep:
             timings = {}
             for config in SWEEP:

@@ -1,8 +1,9 @@
-"""Q4_K, Q5_K, Q6_K and Q8_0 weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program
-decoding its tile of W from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow
-one), so the packed bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Over (token,
-expert) pairs sorted by expert (moe_align's tiles) the same kernel runs packed experts (a GGUF file's, or quantized
-in situ) of every type gguf_decode.py reads: the other types' tiles are decoded element by element.
+"""GGUF weights against 9 to a few hundred rows of x: tiles of out^T = W x^T, each program decoding its tile of W
+from the packed blocks in registers for tl.dot (W the wide operand, the rows of x the narrow one), so the packed
+bytes are read once a tile of rows instead of W being decoded whole for cuBLAS. Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1,
+Q5_0 and Q5_1 have a step decoder of their own. Over (token, expert) pairs sorted
+by expert (moe_align's tiles) the same kernel runs packed experts (a GGUF file's, or quantized in situ) of every
+type gguf_decode.py reads: the other types' tiles are decoded element by element.
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ from wick.kernels.gguf_int8_gemv import k_scale_min_words, q4_k_head, runs_int8_
 
 T = GGMLQuantizationType
 # The types with a tile step of their own, whose dense layers can take tiles.
-TILE_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0})
+TILE_TYPES = frozenset({T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1})
 # Rows of x up to which a dense layer of a type runs the tile kernel; past them W is dequantized whole for cuBLAS.
 # Q8_0 decodes cheaply: its dense layers lost to the decoded path at 32 and 64 rows (0.64-0.66 against 0.49 ms,
 # Llama-3.1-8B's four linears, H100), so only its experts run tiles.
-TILE_MAX_ROWS = {T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 128}
+# Q4_0 and Q4_1 decode cheaply too: with Q4_K's tiles (not swept) they were 0.31-0.53 ms at 16-64 rows from one
+# run to the next against 0.43 decoded, so only their experts run tiles. Q5_0 and Q5_1 won at 16-256 rows in both
+# runs (Q5_1: 0.59-0.72 against 0.85-0.93).
+TILE_MAX_ROWS = {T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 128, T.Q5_0: 256, T.Q5_1: 256}
 # (BLOCK_M, BLOCK_N, K_STEP (columns a step), warps, stages) of the tile kernel by the most rows they serve
 # (benchmarks/kernels/bench_quant_gemm.py --sweep on an H100); past the last, the last.
 TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, int, int]]]] = {
@@ -44,6 +48,10 @@ TILE_CONFIGS: dict[GGMLQuantizationType, list[tuple[int, tuple[int, int, int, in
 # Q4_K's.
 TILE_CONFIGS[T.Q8_0] = TILE_CONFIGS[T.Q6_K]
 TILE_CONFIGS[T.Q5_K] = TILE_CONFIGS[T.Q4_K]
+for _qtype in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1):
+    TILE_CONFIGS[_qtype] = TILE_CONFIGS[T.Q4_K]
+# The tiles of the types decoded element by element.
+DECODED_TILE_CONFIGS = TILE_CONFIGS[T.Q6_K]
 # The same over (token, expert) pairs sorted by expert, by the pairs an expert gets on average, for every type (an
 # MoE layer's two GEMMs share one layout of sorted pairs). A row tile that holds all of an expert's pairs decodes
 # its blocks once: at 16 pairs an expert on average 64-row tiles took 514 us against 693 with 128 rows and more
@@ -132,6 +140,35 @@ def _q8_0_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr)
 
 
 @triton.jit
+def _q4_q5_step(w_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr, TS: tl.constexpr,
+                HAS_MIN: tl.constexpr, FIFTH_BIT: tl.constexpr):
+    """Q4_0 W's columns c0 .. c0 + K_STEP (whole 32-value blocks of TS bytes) of rows at byte offsets row_base, as
+    float32 [BLOCK_N, K_STEP]; Q4_1 where HAS_MIN, Q5_0 where FIFTH_BIT, Q5_1 where both (as gguf_int8_gemv's
+    _q4_q5_q8_gemv_kernel reads them). Byte l of a block's 16 bytes of codes holds element l in its
+    low nibble and 16 + l in its high one: the codes are read as [BLOCK_N, blocks, 2, 16], each byte twice, so the
+    tile comes out in column order; element e's fifth bit is bit e % 8 of byte e // 8 of the fifth-bit word."""
+    NB: tl.constexpr = K_STEP // 32
+    block = (row_base + (c0 // 32) * TS)[:, None, None, None] + TS * tl.arange(0, NB)[None, :, None, None]
+    half = tl.arange(0, 2)[None, None, :, None]
+    lane = tl.arange(0, 16)[None, None, None, :]
+    codes = tl.load(w_ptr + block + TS - 16 + lane).to(tl.int32)
+    q = (codes >> (4 * half)) & 15
+    if FIFTH_BIT:
+        fifth = tl.load(w_ptr + block + (4 if HAS_MIN else 2) + 2 * half + lane // 8).to(tl.int32)
+        q |= ((fifth >> (lane % 8)) & 1) << 4
+    # As in _k_step: 1 + q / N from the mantissa (N = 32 with a fifth bit, else 16): w = d q + m =
+    # (1 + q / N) N d - N d + m, and without m w = d (q - N / 2) = (1 + q / N) N d - 1.5 N d.
+    n_levels: tl.constexpr = 32.0 if FIFTH_BIT else 16.0
+    dn = n_levels * tl.load((w_ptr + block).to(tl.pointer_type(tl.float16))).to(tl.float32)
+    f = (q << (18 if FIFTH_BIT else 19) | 0x3F800000).to(tl.float32, bitcast=True)
+    if HAS_MIN:
+        w = f * dn - dn + tl.load((w_ptr + block + 2).to(tl.pointer_type(tl.float16))).to(tl.float32)
+    else:
+        w = f * dn - 1.5 * dn
+    return tl.reshape(w, (BLOCK_N, K_STEP))
+
+
+@triton.jit
 def _decoded_step(w_ptr, levels_ptr, row_base, c0, BLOCK_N: tl.constexpr, K_STEP: tl.constexpr,
                   CODE: tl.constexpr, BS: tl.constexpr, TS: tl.constexpr):
     """W's columns c0 .. c0 + K_STEP of rows at byte offsets row_base (blocks of BS values in TS bytes), as float32
@@ -176,6 +213,9 @@ def _tile_kernel(x_ptr, w_ptr, levels_ptr, out_ptr, work_ptr, counts_ptr, sorted
             w = _q6_k_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
         elif QTYPE == "Q8_0":
             w = _q8_0_step(w_ptr, row_base, c0, BLOCK_N, K_STEP)
+        elif QTYPE == "Q4_0" or QTYPE == "Q4_1" or QTYPE == "Q5_0" or QTYPE == "Q5_1":
+            w = _q4_q5_step(w_ptr, row_base, c0, BLOCK_N, K_STEP, TS, QTYPE == "Q4_1" or QTYPE == "Q5_1",
+                            QTYPE == "Q5_0" or QTYPE == "Q5_1")
         else:
             w = _decoded_step(w_ptr, levels_ptr, row_base, c0, BLOCK_N, K_STEP, CODE, BS, TS)
         xt = tl.load(x_rows + (c0 + ks)[:, None], mask=m_mask[None, :], other=0.0)
@@ -185,18 +225,16 @@ def _tile_kernel(x_ptr, w_ptr, levels_ptr, out_ptr, work_ptr, counts_ptr, sorted
 
 
 def runs_tiles(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
-    """Whether the tile kernel runs W `data` [N, row bytes] of `qtype` (its rows aligned as the GEMVs need)."""
-    return qtype in TILE_TYPES and runs_int8_gemv(qtype, data)
+    """Whether the tile kernel can run W `data` [N, row bytes] of `qtype`: every Triton type, those with a step of
+    their own where their rows are aligned as the GEMVs need."""
+    if qtype in TILE_TYPES:
+        return runs_int8_gemv(qtype, data)
+    return qtype in TRITON_TYPES
 
 
 def runs_expert_tiles(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
-    """Whether gguf_expert_matmul runs experts `data` [experts, N, row bytes] of `qtype`: every Triton type, those
-    with a step of their own where their rows are aligned as the GEMVs need."""
-    if not data.is_contiguous():
-        return False
-    if qtype in TILE_TYPES:
-        return runs_int8_gemv(qtype, data.view(-1, data.shape[-1]))
-    return qtype in TRITON_TYPES
+    """Whether gguf_expert_matmul runs experts `data` [experts, N, row bytes] of `qtype` (runs_tiles)."""
+    return data.is_contiguous() and runs_tiles(qtype, data.view(-1, data.shape[-1]))
 
 
 def _tile_config(configs: list[tuple[int, tuple[int, int, int, int, int]]], rows: int,
@@ -235,8 +273,8 @@ def tile_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     """out [M, N] = x [M, K] @ W^T for W `data` [N, row bytes] of `qtype`, where runs_tiles. tile_config:
     (BLOCK_M, BLOCK_N, K_STEP, warps, stages) and split_k the splits of K, for benchmarks and tests; None picks
     them."""
-    _launch(x, data, qtype, out, tile_config or _tile_config(TILE_CONFIGS[qtype], x.shape[0], x.dtype), split_k, None,
-            1)
+    configs = TILE_CONFIGS.get(qtype, DECODED_TILE_CONFIGS)
+    _launch(x, data, qtype, out, tile_config or _tile_config(configs, x.shape[0], x.dtype), split_k, None, 1)
 
 
 def _launch(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
