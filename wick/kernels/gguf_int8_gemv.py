@@ -221,26 +221,29 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
 
 
 @triton.jit
-def _q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
-                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
-                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q3_K W, BLOCK_B blocks a
-    step. A 110-byte block (hmask[32], qs[64], 12 bytes of 6-bit scales, fp16 d) is 2-byte aligned, so its words
-    are read as pairs of 16-bit halves. Element 128h + 32p + 4i + b takes its low two bits from bits 2p of byte b
-    of qs word 8h + i and its third from bit 4h + p of byte b of hmask word i: the tensors below are indexed
-    [row, h, p, g, w] with i = 4g + w, so a scale group of 16 elements is one (h, p, g). The codes are unsigned
-    (q + 4): a group's dot takes 4 times its sum of x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS
-    blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+def _q2_q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
+                            M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
+                            BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
+                            EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, Q2_K: tl.constexpr):
+    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q3_K W (Q2_K where Q2_K),
+    BLOCK_B blocks a step. A 110-byte Q3_K block (hmask[32], qs[64], 12 bytes of 6-bit scales, fp16 d) and an
+    84-byte Q2_K block (16 bytes of 4-bit scales and mins, qs[64], fp16 d and dmin) are 2-byte aligned, so their
+    words are read as pairs of 16-bit halves. Element 128h + 32p + 4i + b takes its low two bits from bits 2p of
+    byte b of qs word 8h + i and, in Q3_K, its third from bit 4h + p of byte b of hmask word i: the tensors below
+    are indexed [row, h, p, g, w] with i = 4g + w, so a scale group of 16 elements is one (h, p, g). Q3_K's codes
+    are unsigned (q + 4): a group's dot takes 4 times its sum of x back. Q2_K's group is w = d sc q - dmin m with
+    its scale byte's low nibble sc and high one m: m times the group's sum of x comes off. Where SPLIT, program
+    (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
                                                     EXPERTS, X_ROW_DIV)
+    block_halves: tl.constexpr = 42 if Q2_K else 55
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None]
     h = tl.arange(0, 2)[None, :, None, None, None]
     p = tl.arange(0, 4)[None, None, :, None, None]
     g = tl.arange(0, 2)[None, None, None, :, None]
     i = 4 * g + tl.arange(0, 4)[None, None, None, None, :]
-    qs_at = 16 + 16 * h + 2 * i
+    qs_at = (8 if Q2_K else 16) + 16 * h + 2 * i
     hmask_at = 2 * i
     x_at = 32 * h + 8 * p + i
     sub = (8 * h + 2 * p + g).reshape(1, 2, 4, 2)
@@ -252,20 +255,27 @@ def _q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
     for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
-            block = row_base + blk * 55
-            qs = _word(halves, block + qs_at)
-            hmask = _word(halves, block + hmask_at)
-            codes = ((qs >> (2 * p)) & 0x03030303) | (((hmask >> (4 * h + p)) & 0x01010101) << 2)
+            block = row_base + blk * block_halves
+            codes = (_word(halves, block + qs_at) >> (2 * p)) & 0x03030303
+            if not Q2_K:
+                codes |= ((_word(halves, block + hmask_at) >> (4 * h + p)) & 0x01010101) << 2
             x = tl.load(x_words + blk * 64 + x_at)
             dot = tl.sum(dp4a(codes, x, DP4A), axis=4)
             x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=4)
-            block_byte = (2 * block).reshape(BLOCK_N, 1, 1, 1)
-            low4 = (tl.load(w_ptr + block_byte + 96 + sub % 8).to(tl.int32) >> low_shift) & 15
-            high2 = (tl.load(w_ptr + block_byte + 104 + sub % 4).to(tl.int32) >> high_shift) & 3
-            scale = ((low4 | (high2 << 4)) - 32).to(tl.float32)
-            d = tl.load(halves + block.reshape(BLOCK_N, 1, 1, 1) + 54).to(tl.float16, bitcast=True)
+            block = block.reshape(BLOCK_N, 1, 1, 1)
             xd = tl.load(xd_ptr + runs + blk * 8 + run)
-            acc += d.to(tl.float32) * scale * xd * (dot - 4 * x_sum).to(tl.float32)
+            if Q2_K:
+                scale_min = tl.load(w_ptr + 2 * block + sub)
+                d = tl.load(halves + block + 40).to(tl.float16, bitcast=True).to(tl.float32)
+                dmin = tl.load(halves + block + 41).to(tl.float16, bitcast=True).to(tl.float32)
+                acc += xd * (d * (scale_min & 15).to(tl.float32) * dot.to(tl.float32)
+                             - dmin * (scale_min >> 4).to(tl.float32) * x_sum.to(tl.float32))
+            else:
+                low4 = (tl.load(w_ptr + 2 * block + 96 + sub % 8).to(tl.int32) >> low_shift) & 15
+                high2 = (tl.load(w_ptr + 2 * block + 104 + sub % 4).to(tl.int32) >> high_shift) & 3
+                scale = ((low4 | (high2 << 4)) - 32).to(tl.float32)
+                d = tl.load(halves + block + 54).to(tl.float16, bitcast=True)
+                acc += d.to(tl.float32) * scale * xd * (dot - 4 * x_sum).to(tl.float32)
     total = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
     store_split_output(total, tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
                        SPLIT)
@@ -366,51 +376,6 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
 
 
 @triton.jit
-def _q2_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
-                         M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
-                         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
-    """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q2_K W, BLOCK_B blocks a
-    step. An 84-byte block (16 bytes of 4-bit scales and mins, qs[64], fp16 d and dmin) is 2-byte aligned, so its
-    words are read as pairs of 16-bit halves. Element 128h + 32p + 4i + b is bits 2p of byte b of qs word 8h + i,
-    as Q3_K's low two bits: the tensors below are indexed [row, h, p, g, w] with i = 4g + w, and a group of 16
-    elements, one (h, p, g), is w = d sc q - dmin m with its scale byte's low nibble sc and high one m: m times the
-    group's sum of x comes off. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block
-    s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
-    w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
-    halves = w_ptr.to(tl.pointer_type(tl.uint16))
-    row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None]
-    h = tl.arange(0, 2)[None, :, None, None, None]
-    p = tl.arange(0, 4)[None, None, :, None, None]
-    g = tl.arange(0, 2)[None, None, None, :, None]
-    i = 4 * g + tl.arange(0, 4)[None, None, None, None, :]
-    qs_at = 8 + 16 * h + 2 * i
-    x_at = 32 * h + 8 * p + i
-    group = (8 * h + 2 * p + g).reshape(1, 2, 4, 2)
-    run = (4 * h + p).reshape(1, 2, 4, 1)
-    acc = tl.zeros([BLOCK_N, 2, 4, 2], dtype=tl.float32)
-    b_begin = tl.program_id(2) * SPLIT_BLOCKS
-    for b0 in range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B):
-        for bb in tl.static_range(BLOCK_B):
-            blk = b0 + bb
-            block = row_base + blk * 42
-            codes = (_word(halves, block + qs_at) >> (2 * p)) & 0x03030303
-            x = tl.load(x_words + blk * 64 + x_at)
-            dot = tl.sum(dp4a(codes, x, DP4A), axis=4).to(tl.float32)
-            x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=4).to(tl.float32)
-            block = block.reshape(BLOCK_N, 1, 1, 1)
-            scale_min = tl.load(w_ptr + 2 * block + group)
-            d = tl.load(halves + block + 40).to(tl.float16, bitcast=True).to(tl.float32)
-            dmin = tl.load(halves + block + 41).to(tl.float16, bitcast=True).to(tl.float32)
-            xd = tl.load(xd_ptr + runs + blk * 8 + run)
-            acc += xd * (d * (scale_min & 15).to(tl.float32) * dot - dmin * (scale_min >> 4).to(tl.float32) * x_sum)
-    total = tl.sum(tl.sum(tl.sum(acc, axis=3), axis=2), axis=1)
-    store_split_output(total, tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr, counts_ptr, M, N, SPLITS,
-                       SPLIT)
-
-
-@triton.jit
 def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                            M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
                            BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
@@ -481,11 +446,11 @@ def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:
     if qtype == T.Q6_K and _rows_aligned(data, 2):
         return _q6_k_q8_gemv_kernel, Q6_K_GEMV_CONFIG, 2, False, {}
     if qtype == T.Q3_K and _rows_aligned(data, 2):
-        return _q3_k_q8_gemv_kernel, Q3_K_GEMV_CONFIG, 2, False, {}
+        return _q2_q3_k_q8_gemv_kernel, Q3_K_GEMV_CONFIG, 2, False, {"Q2_K": False}
     if qtype == T.Q8_0 and _rows_aligned(data, 2) and data.shape[-1] % (8 * 34) == 0:  # whole 256-column groups
         return _q8_0_q8_gemv_kernel, Q8_0_GEMV_CONFIG, 2, True, {}
     if qtype == T.Q2_K and _rows_aligned(data, 2):
-        return _q2_k_q8_gemv_kernel, Q2_K_GEMV_CONFIG, 2, False, {}
+        return _q2_q3_k_q8_gemv_kernel, Q2_K_GEMV_CONFIG, 2, False, {"Q2_K": True}
     if qtype == T.IQ4_XS and _rows_aligned(data, 4):
         return _iq4_xs_q8_gemv_kernel, IQ4_XS_GEMV_CONFIG, 4, False, {}
     if qtype in _Q4_Q5_BLOCKS and _rows_aligned(data, 2):
