@@ -21,11 +21,12 @@ from triton.testing import do_bench
 from benchmarks.common import print_environment, random_gguf_blocks
 from benchmarks.kernels.bench_quant_gemv import LLAMA_8B
 from wick.kernels.gguf_matmul import gguf_matmul
+from wick.kernels.gguf_tiles import HALF_BLOCK_TYPES
 from wick.kernels.wna16_matmul import wna16_dequantize_triton, wna16_matmul
 from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS
 from wick.loader.gguf_dequant import BLOCK_TYPES
 
-# (BLOCK_M, BLOCK_N, K_STEP, warps, stages); Q6_K takes K_STEP of 128 and 256 only
+# (BLOCK_M, BLOCK_N, K_STEP, warps, stages); HALF_BLOCK_TYPES take K_STEP of 128 and 256 only
 SWEEP = list(itertools.product([16, 32, 64, 128, 256], [64, 128], [64, 128, 256], [4, 8], [3]))
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the W4A16 tile kernel
 WNA16_SWEEP = list(itertools.product([16, 32, 64, 128], [64, 128], [64, 128], [4, 8], [3]))
@@ -62,7 +63,7 @@ def main() -> None:
         if args.sweep:
             timings = {}
             for config in SWEEP:
-                if config[0] > 2 * m or (qtype == GGMLQuantizationType.Q6_K and config[2] < 128):
+                if config[0] > 2 * m or (qtype in HALF_BLOCK_TYPES and config[2] < 128):
                     continue
                 try:
                     timings[config] = run(lambda x, n, k, data, w, c=config: gguf_matmul(

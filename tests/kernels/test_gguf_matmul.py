@@ -19,7 +19,6 @@ from wick.kernels.gguf_matmul import (
     gguf_expert_gemv,
     gguf_matmul,
 )
-from wick.kernels.gguf_tiles import TILE_TYPES
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
@@ -138,7 +137,7 @@ def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("qtype", sorted(TILE_TYPES), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
 def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:
     n, k = 300, 1024
@@ -173,6 +172,8 @@ def test_many_rows_multiply_the_dequantized_weight(qtype: GGMLQuantizationType) 
 Q4_K, Q5_K, Q6_K, Q8_0 = INT8_TYPES[1:5]
 Q4_Q5_TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
                GGMLQuantizationType.Q5_1]
+HALF_BLOCK_TYPES = [GGMLQuantizationType.Q2_K, GGMLQuantizationType.Q3_K]
+IQ4_TYPES = [GGMLQuantizationType.IQ4_XS, GGMLQuantizationType.IQ4_NL]
 
 
 @pytest.mark.parametrize(("qtype", "rows", "n", "k", "config", "split_k"), [
@@ -198,13 +199,21 @@ Q4_Q5_TYPES = [GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantiz
     (Q8_0, 120, 72, 512, None, None),
     *((qtype, 33, 24, 1280, (16, 16, 64, 4, 2), 1) for qtype in Q4_Q5_TYPES),
     *((qtype, 20, 70, 768, (32, 32, 256, 4, 2), 3) for qtype in Q4_Q5_TYPES),
+    *((qtype, 33, 24, 1280, (16, 16, 128, 4, 2), 1) for qtype in HALF_BLOCK_TYPES),
+    *((qtype, 20, 70, 768, (32, 32, 256, 4, 2), 3) for qtype in HALF_BLOCK_TYPES),
+    *((qtype, 33, 24, 1280, (16, 16, 64, 4, 2), 1) for qtype in IQ4_TYPES),
+    *((qtype, 20, 70, 768, (32, 32, 128, 4, 2), 3) for qtype in IQ4_TYPES),
 ], ids=["q4_k_default", "q4_k_step_64_rows_past_tiles", "q4_k_step_256_ragged_n", "q4_k_two_steps_a_block",
         "q4_k_split_3", "q4_k_split_one_step_each", "q4_k_largest_tile", "q5_k_default", "q5_k_step_64_rows_past_tiles",
         "q5_k_split_3", "q6_k_default", "q6_k_step_128",
         "q6_k_step_256_ragged_n", "q6_k_split_3", "q6_k_largest_tile", "q8_0_default", "q8_0_step_64",
         "q8_0_step_256_ragged_n", "q8_0_split_3", "q8_0_largest_tile",
         *(f"{t.name.lower()}_step_64" for t in Q4_Q5_TYPES),
-        *(f"{t.name.lower()}_step_256_split_3" for t in Q4_Q5_TYPES)])
+        *(f"{t.name.lower()}_step_256_split_3" for t in Q4_Q5_TYPES),
+        *(f"{t.name.lower()}_step_128" for t in HALF_BLOCK_TYPES),
+        *(f"{t.name.lower()}_step_256_split_3" for t in HALF_BLOCK_TYPES),
+        *(f"{t.name.lower()}_step_64" for t in IQ4_TYPES),
+        *(f"{t.name.lower()}_step_128_split_3" for t in IQ4_TYPES)])
 def test_tile_kernel(monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationType, rows: int, n: int, k: int,
                      config: tuple[int, int, int, int, int] | None, split_k: int | None) -> None:
     calls = []

@@ -1,6 +1,6 @@
 """GGUF blocks decoded in Triton kernels, element by element, for every quantized type the loader reads: the
-generic GEMV, the one-kernel dequantization and the tile kernel's types without a step of their own. It follows
-wick/loader/gguf_dequant.py, which is the reference in the tests.
+float GEMV and the one-kernel dequantization. It follows wick/loader/gguf_dequant.py, which is the reference in the
+tests.
 """
 
 from __future__ import annotations

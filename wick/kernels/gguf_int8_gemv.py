@@ -82,13 +82,13 @@ def k_scale_min_words(a, m, c, sub):
 
 
 @triton.jit
-def _word(halves, at):
+def halves_word(halves, at):
     """The int32 words at 16-bit half offsets `at` of a 2-byte aligned block, from their two halves."""
     return tl.load(halves + at).to(tl.int32) | (tl.load(halves + at + 1).to(tl.int32) << 16)
 
 
 @triton.jit
-def iq4_levels(codes, DP4A: tl.constexpr):
+def iq4_level_bytes(codes, DP4A: tl.constexpr):
     """Four 4-bit codes, one in the low nibble of each byte of `codes`, to their IQ4 levels as signed bytes: each
     byte is picked from the table's low eight and from its high eight, and bit 3 of the code chooses."""
     selector = (codes & 0x7) | ((codes >> 4) & 0x70) | ((codes >> 8) & 0x700) | ((codes >> 12) & 0x7000)
@@ -204,8 +204,8 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
             block = row_base + blk * 105
-            ql = _word(halves, block + ql_at)
-            qh = _word(halves, block + qh_at)
+            ql = halves_word(halves, block + ql_at)
+            qh = halves_word(halves, block + qh_at)
             codes = ((ql >> (4 * p2)) & 0x0F0F0F0F) | (((qh >> (4 * p2 + 2 * p1)) & 0x03030303) << 4)
             x = tl.load(x_words + blk * 64 + x_at)
             dot = tl.sum(dp4a(codes, x, DP4A), axis=5)
@@ -256,9 +256,9 @@ def _q2_q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr
         for bb in tl.static_range(BLOCK_B):
             blk = b0 + bb
             block = row_base + blk * block_halves
-            codes = (_word(halves, block + qs_at) >> (2 * p)) & 0x03030303
+            codes = (halves_word(halves, block + qs_at) >> (2 * p)) & 0x03030303
             if not Q2_K:
-                codes |= ((_word(halves, block + hmask_at) >> (4 * h + p)) & 0x01010101) << 2
+                codes |= ((halves_word(halves, block + hmask_at) >> (4 * h + p)) & 0x01010101) << 2
             x = tl.load(x_words + blk * 64 + x_at)
             dot = tl.sum(dp4a(codes, x, DP4A), axis=4)
             x_sum = tl.sum(dp4a(tl.full(x.shape, 0x01010101, tl.int32), x, DP4A), axis=4)
@@ -304,7 +304,7 @@ def _q8_0_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
             group = b0 + bb
             block = row_base[:, None] + (8 * group + j[None, :]) * 17
             word = block[:, :, None] + 1 + 2 * i
-            codes = _word(halves, word)
+            codes = halves_word(halves, word)
             x = tl.load(x_words + group * 64 + 8 * j[None, :, None] + i)
             dot = tl.sum(dp4a(codes ^ -0x7F7F7F80, x, DP4A), axis=2).to(tl.float32)  # -0x7F7F7F80: 0x80808080
             d = tl.load(halves + block).to(tl.float16, bitcast=True).to(tl.float32)
@@ -350,11 +350,11 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
         for bb in tl.static_range(BLOCK_B):
             group = b0 + bb
             block = row_base[:, None] + (8 * group + j[None, :]) * BLOCK_HALVES
-            codes = _word(halves, block[:, :, None] + codes_at + 2 * i)
+            codes = halves_word(halves, block[:, :, None] + codes_at + 2 * i)
             low = codes & 0x0F0F0F0F
             high = (codes >> 4) & 0x0F0F0F0F
             if FIFTH_BIT:
-                qh = _word(halves, block + (2 if HAS_MIN else 1))[:, :, None]
+                qh = halves_word(halves, block + (2 if HAS_MIN else 1))[:, :, None]
                 low |= _fifth_bits(qh, 4 * i)
                 high |= _fifth_bits(qh, 16 + 4 * i)
             x_low = tl.load(x_words + group * 64 + 8 * j[None, :, None] + i)
@@ -362,8 +362,8 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
             d = tl.load(halves + block).to(tl.float16, bitcast=True).to(tl.float32)
             xd = tl.load(xd_ptr + runs + group * 8 + j)[None, :]
             if LEVELS:
-                dot = tl.sum(dp4a_signed(iq4_levels(low, DP4A), x_low, DP4A)
-                             + dp4a_signed(iq4_levels(high, DP4A), x_high, DP4A), axis=2).to(tl.float32)
+                dot = tl.sum(dp4a_signed(iq4_level_bytes(low, DP4A), x_low, DP4A)
+                             + dp4a_signed(iq4_level_bytes(high, DP4A), x_high, DP4A), axis=2).to(tl.float32)
                 acc += d * xd * dot
             else:
                 dot = tl.sum(dp4a(low, x_low, DP4A) + dp4a(high, x_high, DP4A), axis=2).to(tl.float32)
@@ -401,8 +401,8 @@ def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr,
             codes = tl.load(words + block[:, None, None] + 2 + 4 * sub[None, :, None] + i[None, None, :])
             x_low = tl.load(x_words + blk * 64 + 8 * sub[:, None] + i[None, :])[None, :, :]
             x_high = tl.load(x_words + blk * 64 + 8 * sub[:, None] + 4 + i[None, :])[None, :, :]
-            dot = tl.sum(dp4a_signed(iq4_levels(codes & 0x0F0F0F0F, DP4A), x_low, DP4A)
-                         + dp4a_signed(iq4_levels((codes >> 4) & 0x0F0F0F0F, DP4A), x_high, DP4A), axis=2)
+            dot = tl.sum(dp4a_signed(iq4_level_bytes(codes & 0x0F0F0F0F, DP4A), x_low, DP4A)
+                         + dp4a_signed(iq4_level_bytes((codes >> 4) & 0x0F0F0F0F, DP4A), x_high, DP4A), axis=2)
             head = tl.load(words + block)[:, None]
             d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
             low4 = (tl.load(words + block + 1)[:, None] >> (4 * sub[None, :])) & 15

@@ -1,13 +1,13 @@
 """x @ W^T with W in GGUF blocks.
 
-For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once. Every type has a
-GEMV of its own on x rounded to int8 (gguf_int8_gemv.py); weights it cannot read (rows off word boundaries, 32-value
-blocks not in whole groups of eight) take a float GEMV: one program owns BLOCK_N rows of W and walks their blocks
-along K, decoding a [BLOCK_N, block size] tile in registers per step and reducing it against a row of x. From 9 to
-the type's TILE_MAX_ROWS rows (Q4_K, Q5_K, Q6_K, Q5_0, Q5_1) the tile kernel of gguf_tiles.py runs, its
-bytes read once a tile of rows. Otherwise (prefill, other types, layers small enough that their decoded copy stays
-in the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed experts, each
-output row a (token, expert) pair whose expert the kernel picks.
+For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed bytes read once. Every type has a GEMV of
+its own on x rounded to int8 (gguf_int8_gemv.py); weights it cannot read (rows off word boundaries, 32-value blocks not
+in whole groups of eight) take a float GEMV: one program owns BLOCK_N rows of W and walks their blocks along K, decoding
+a [BLOCK_N, block size] tile in registers per step and reducing it against a row of x. From 9 to the type's
+TILE_MAX_ROWS rows (every type but Q4_0, Q4_1 and Q8_0, which decode cheaply) the tile kernel of gguf_tiles.py runs, its
+bytes read once a tile of rows. Otherwise (prefill, those types, layers small enough that their decoded copy stays in
+the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed experts, each output
+row a (token, expert) pair whose expert the kernel picks.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     """x [..., K] @ W^T for W of `shape` (N, K) stored as `data` [N, row bytes] of `qtype` blocks.
     gemv_config: (rows, blocks a step, warps, warps an SM that splitting K aims at) of the GEMV and
     split_k its splits of K (of either kernel); tile_config: (BLOCK_M, BLOCK_N, K_STEP, warps, stages) of the
-    tile kernel (Q4_K, Q5_K, Q6_K, Q8_0) and tile_max_rows the most rows it takes; for benchmarks and tests, None picks
+    tile kernel and tile_max_rows the most rows it takes; for benchmarks and tests, None picks
     them (no rows where W dequantized stays in the L2 cache)."""
     n, k = shape
     x2 = x.reshape(-1, k)

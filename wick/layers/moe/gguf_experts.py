@@ -1,11 +1,11 @@
 """MoE experts kept in GGUF blocks: a GGUF file's, or a float checkpoint's quantized in situ.
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
-one GGUF type (any of the quantized types the loader reads), about the file's size instead of bf16's. On a GPU, up
-to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) run the GEMVs (int8 ones where the type has one, else a
-float one), each pair's expert chosen inside the kernel; more pairs run the tile kernel over the
-pairs sorted by expert (each expert's blocks read once a tile of its pairs). On the CPU the reference decodes each
-expert a token chose as it meets it.
+one GGUF type (any of the quantized types the loader reads), about the file's size instead of bf16's. On a GPU, a
+few (token, expert) pairs (decode, gemv_max_pairs) run the GEMVs (int8 ones where the type has one, else a float
+one), each pair's expert chosen inside the kernel; more pairs run the tile kernel over the pairs sorted by expert
+(each expert's blocks read once a tile of its pairs), and past EXPERT_TILES_MAX_PAIRS the experts are decoded whole
+for the fused MoE kernel. On the CPU the reference decodes each expert a token chose as it meets it.
 """
 
 from __future__ import annotations
@@ -17,14 +17,23 @@ from gguf import GGMLQuantizationType
 
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
-# (token, expert) pairs up to which the GEMVs run (each pair reads its expert); past them the tile kernel reads
-# each expert once a tile of its pairs. Qwen3-30B-A3B's experts on an H100: GEMVs 158 against tiles 165 us at 128
-# pairs, 286 against 197 at 256 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K).
+# (token, expert) pairs up to which the GEMVs run (each pair reads its expert), and no more than
+# EXPERT_GEMV_PAIRS_PER_EXPERT times the experts; past them the tile kernel reads each expert once a tile of its
+# pairs. On an H100 (benchmarks/kernels/bench_fused_moe.py --gguf Q4_K): Qwen3-30B-A3B's experts (128), GEMVs 158
+# against tiles 165 us at 128 pairs, 286 against 197 at 256; Mixtral's shape (8), 540 against 759 at 16 pairs,
+# 1,100 against 830 at 32.
 EXPERT_GEMV_MAX_PAIRS = 128
-# Pairs past which the types without a tile step of their own (gguf_tiles.py decodes them element by element) run
-# the experts decoded whole instead: Q3_K experts at 2,048 pairs took 1,155 us in tiles against 1,241 decoded, at
-# 16,384 3,936 against 1,533 (Qwen3-30B-A3B's experts, H100).
-DECODED_TILES_MAX_PAIRS = 4096
+EXPERT_GEMV_PAIRS_PER_EXPERT = 2
+# Pairs past which the experts are decoded whole for the fused MoE kernel: a tile decodes its expert's blocks for
+# each tile of that expert's pairs. Qwen3-30B-A3B's experts (Q4_K gate/up, Q6_K down) took 1,227 us in tiles
+# against 1,752 decoded at 16,384 pairs, 2,117 against 2,121 at 32,768, 3,729 against 2,868 at 65,536; Q3_K's 2,360
+# against 1,956 at 32,768 (H100).
+EXPERT_TILES_MAX_PAIRS = 16384
+
+
+def gemv_max_pairs(num_experts: int) -> int:
+    """The most (token, expert) pairs over `num_experts` experts that run the GEMVs."""
+    return min(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT * num_experts)
 
 
 def packs_experts(qtype: GGMLQuantizationType, columns: int) -> bool:
@@ -66,22 +75,20 @@ class PackedExperts:
 def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
     """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
-    the first that runs): "gemv", the GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the tile kernel over the
-    pairs sorted by expert (types without a step of their own up to DECODED_TILES_MAX_PAIRS); "decoded", the
-    experts decoded whole."""
+    the first that runs): "gemv", the GEMVs, up to gemv_max_pairs pairs; "tiles", the tile kernel over the pairs
+    sorted by expert, up to EXPERT_TILES_MAX_PAIRS; "decoded", the experts decoded whole."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
     from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
-    from wick.kernels.gguf_tiles import TILE_TYPES, expert_tile_config, gguf_expert_matmul, runs_expert_tiles
+    from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
     gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
     tiles = gemv and runs_expert_tiles(w13.data, w13.qtype) and runs_expert_tiles(w2.data, w2.qtype)
     if path is None:
-        own_steps = w13.qtype in TILE_TYPES and w2.qtype in TILE_TYPES
-        tiles = tiles and (own_steps or num_pairs <= DECODED_TILES_MAX_PAIRS)
-        path = "gemv" if gemv and num_pairs <= EXPERT_GEMV_MAX_PAIRS else "tiles" if tiles else "decoded"
+        path = ("gemv" if gemv and num_pairs <= gemv_max_pairs(w13.shape[0]) else
+                "tiles" if tiles and num_pairs <= EXPERT_TILES_MAX_PAIRS else "decoded")
     if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
         raise ValueError(f"experts in {w13.qtype.name} and {w2.qtype.name} have no {path} path")
     if path == "decoded":
