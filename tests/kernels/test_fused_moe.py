@@ -42,6 +42,7 @@ def test_matches_reference_fp32(num_tokens: int, num_experts: int, top_k: int) -
 def test_direct_and_sorted_tiles_match_reference(monkeypatch: pytest.MonkeyPatch, direct_max_pairs: int) -> None:
     """Both tilings on one case whose tokens share experts: a tile a pair, and pairs sorted by expert."""
     monkeypatch.setattr(fused_moe, "DIRECT_MAX_PAIRS", direct_max_pairs)
+    monkeypatch.setattr(fused_moe, "DIRECT_PAIRS_PER_EXPERT", direct_max_pairs)
     case = make_case(12, 4, 2, hidden=32, inter=48, dtype=torch.float32)
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
 
@@ -249,8 +250,10 @@ def test_qwen3_moe_shapes_wna16_cuda(num_tokens: int, bits: int) -> None:
 
 @pytest.mark.gpu
 @requires_cuda
-def test_mixtral_shapes_bf16_cuda() -> None:
-    case = make_case(300, 8, 2, hidden=4096, inter=1792, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("num_tokens", [3, 20, 300])
+def test_mixtral_shapes_bf16_cuda(num_tokens: int) -> None:
+    """8 experts, top 2: a tile a pair up to 16 pairs, sorted past them."""
+    case = make_case(num_tokens, 8, 2, hidden=4096, inter=1792, dtype=torch.bfloat16, device="cuda")
     x, w13, w2, weights, ids = case
     expected = fused_experts_ref(x.float(), w13.float(), w2.float(), weights, ids)
     torch.testing.assert_close(fused_experts(*case).float(), expected, atol=3e-2, rtol=3e-2)

@@ -1,12 +1,12 @@
 """MoE experts in fp8 (e4m3) with float32 scales: half of bf16's bytes.
 
-An FP8 checkpoint's experts come with scales over 128 x 128 blocks (`weight_scale_inv`, as Qwen3-*-FP8 and
-DeepSeek-V3 ship them) or one scale an expert's matrix (`weight_scale`); a float checkpoint's are quantized as
-they load with `-q fp8`, one scale a row. On a GPU that converts fp8 in hardware (compute capability 8.9 or
-more) they are read as held (W8A16): up to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) by the fp8 GEMV,
-each pair's expert chosen inside it, past them by the fused MoE kernel's tiles over the pairs sorted by expert. On an
-older GPU they are converted to the model's dtype at load, and the CPU reference converts each expert a token chose
-as it meets it.
+An FP8 checkpoint's experts come with scales over 128 x 128 blocks (`weight_scale_inv`, as Qwen3-*-FP8 and DeepSeek-V3
+ship them) or one scale an expert's matrix (`weight_scale`); a float checkpoint's are quantized as they load with
+`-q fp8`, one scale a row. On a GPU that converts fp8 in hardware (compute capability 8.9 or more) they are read as held
+(W8A16): up to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode, and EXPERT_GEMV_PAIRS_PER_EXPERT an expert) by the
+fp8 GEMV, each pair's expert chosen inside it, past them by the fused MoE kernel's tiles over the pairs sorted by
+expert. On an older GPU they are converted to the model's dtype at load, and the CPU reference converts each expert a
+token chose as it meets it.
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ from wick.layers.quantization.fp8 import FP8_MAX, Fp8Config, quantize_rows
 if TYPE_CHECKING:
     from wick.layers.moe.fused_moe import FusedMoE
 
-# (token, expert) pairs up to which the GEMVs run (each pair reads its expert's rows, k contiguous); past them the
-# tiles (tl.dot over the pairs sorted by expert). Qwen3-30B-A3B's experts on an H100: GEMVs 164 against tiles 220 us
-# at 128 pairs, 1,165 against 464 at 1,024 (benchmarks/kernels/bench_fused_moe.py --fp8).
+# (token, expert) pairs up to which the GEMVs run (each pair reads its expert's rows, k contiguous), and no more than
+# EXPERT_GEMV_PAIRS_PER_EXPERT times the experts; past them the tiles (tl.dot over the pairs sorted by expert). On an
+# H100 (benchmarks/kernels/bench_fused_moe.py --fp8): Qwen3-30B-A3B's experts (128), GEMVs 164 against tiles 220 us
+# at 128 pairs, 1,165 against 464 at 1,024; Mixtral's shape (8), 491 against 614 at 16 pairs, 843 against 623 at 32.
 EXPERT_GEMV_MAX_PAIRS = 128
+EXPERT_GEMV_PAIRS_PER_EXPERT = 2
 # Where each expert's per-tensor scale goes in a [experts, 2 | 1, 1] scale: gate and up of w13, down of w2.
 _SHARD_INDEX = {"gate": 0, "up": 1, "down": 0}
 
@@ -139,7 +141,8 @@ def _load_shard_scale(param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple
 def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_weights: torch.Tensor,
                       topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
     """fused_experts (wick/kernels/fused_moe.py) over fp8 experts, on a GPU. path (for benchmarks; None picks the
-    first that runs): "gemv", the fp8 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the fused MoE kernel."""
+    first that runs): "gemv", the fp8 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an
+    expert; "tiles", the fused MoE kernel."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fp8_matmul import fp8_expert_gemv, runs_expert_gemv
     from wick.kernels.fused_moe import fused_experts, sum_pairs
@@ -147,7 +150,8 @@ def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_wei
     tokens, top_k = topk_ids.shape
     gemv = runs_expert_gemv(w13.block, w13.shape[2]) and runs_expert_gemv(w2.block, w2.shape[2])
     if path is None:
-        path = "gemv" if gemv and tokens * top_k <= EXPERT_GEMV_MAX_PAIRS else "tiles"
+        bound = min(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT * w13.data.shape[0])
+        path = "gemv" if gemv and tokens * top_k <= bound else "tiles"
     if path == "gemv" and not gemv:
         raise ValueError(f"fp8 experts with scale tiles {w13.block} and {w2.block} have no gemv path")
     if path == "tiles":

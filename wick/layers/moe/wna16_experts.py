@@ -1,13 +1,13 @@
 """MoE experts of GPTQ and AWQ checkpoints: 4- or 8-bit weights with group scales and zero points (W4A16 / W8A16).
 
 A checkpoint stores each expert's gate, up and down projections as a GPTQ or AWQ linear layer stores its weight
-(`qweight`, `qzeros`, `scales`, GPTQ's `g_idx`). They load into one stacked tensor of each per layer, this rank's
-shard of each (gate and up split along their outputs, down along its inputs), and are brought at load to one
-layout, GPTQ's: w13 [E, H / pack, 2I] int32 (gate columns, then up columns) and w2 [E, I / pack, H], each word
-holding `pack` = 32 / bits consecutive input rows, with scales and zero points (as values) [E, groups, N] in the
-model's dtype. On a GPU up to EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode) run the W4A16 GEMV, each pair's
-expert chosen inside it; more pairs run the fused MoE kernel's tiles over the pairs sorted by expert. On the CPU
-the reference dequantizes each expert a token chose as it meets it. Act-order checkpoints (GPTQ `desc_act` with
+(`qweight`, `qzeros`, `scales`, GPTQ's `g_idx`). They load into one stacked tensor of each per layer, this rank's shard
+of each (gate and up split along their outputs, down along its inputs), and are brought at load to one layout, GPTQ's:
+w13 [E, H / pack, 2I] int32 (gate columns, then up columns) and w2 [E, I / pack, H], each word holding `pack` = 32 /
+bits consecutive input rows, with scales and zero points (as values) [E, groups, N] in the model's dtype. On a GPU up to
+EXPERT_GEMV_MAX_PAIRS (token, expert) pairs (decode, and EXPERT_GEMV_PAIRS_PER_EXPERT an expert) run the W4A16 GEMV,
+each pair's expert chosen inside it; more pairs run the fused MoE kernel's tiles over the pairs sorted by expert. On the
+CPU the reference dequantizes each expert a token chose as it meets it. Act-order checkpoints (GPTQ `desc_act` with
 groups out of row order) are refused: each expert would need its own permutation of the activations.
 """
 
@@ -27,10 +27,13 @@ if TYPE_CHECKING:
     from wick.kernels.fused_moe import GroupScales
     from wick.layers.moe.fused_moe import FusedMoE
 
-# (token, expert) pairs up to which the GEMVs run (each pair reads its expert); past them the tiles read each expert
-# once a tile of its pairs. Qwen3-30B-A3B's 4-bit experts on an H100: GEMVs 301 against tiles 565 us at 512 pairs,
-# 573 against 571 at 1,024 (benchmarks/kernels/bench_fused_moe.py --wna16 4).
+# (token, expert) pairs up to which the GEMVs run (each pair reads its expert), and no more than
+# EXPERT_GEMV_PAIRS_PER_EXPERT times the experts; past them the tiles read each expert once a tile of its pairs. 4-bit
+# experts on an H100 (benchmarks/kernels/bench_fused_moe.py --wna16 4): Qwen3-30B-A3B's (128), GEMVs 301 against
+# tiles 565 us at 512 pairs, 573 against 571 at 1,024; Mixtral's shape (8), 702 against 812 at 32 pairs, 1,283
+# against 814 at 64.
 EXPERT_GEMV_MAX_PAIRS = 512
+EXPERT_GEMV_PAIRS_PER_EXPERT = 4
 _TENSORS = ("qweight", "qzeros", "scales", "g_idx")
 
 
@@ -194,14 +197,16 @@ class Wna16ExpertWeights:
 def fused_experts_wna16(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, topk_weights: torch.Tensor,
                         topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
     """fused_experts (wick/kernels/fused_moe.py) over GPTQ/AWQ experts, on a GPU. path (for benchmarks; None picks):
-    "gemv", the W4A16 / W8A16 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs; "tiles", the fused MoE kernel."""
+    "gemv", the W4A16 / W8A16 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an expert;
+    "tiles", the fused MoE kernel."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fused_moe import fused_experts, sum_pairs
     from wick.kernels.wna16_matmul import wna16_expert_gemv
 
     tokens, top_k = topk_ids.shape
     if path is None:
-        path = "gemv" if tokens * top_k <= EXPERT_GEMV_MAX_PAIRS else "tiles"
+        bound = min(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT * w13.qweight.shape[0])
+        path = "gemv" if tokens * top_k <= bound else "tiles"
     if path == "tiles":
         return fused_experts(x, w13.qweight, w2.qweight, topk_weights, topk_ids, w13_scales=w13.group_scales,
                              w2_scales=w2.group_scales)
