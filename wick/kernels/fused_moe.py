@@ -201,8 +201,8 @@ MOE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
 # Up to this many (token, expert) pairs, and no more than DIRECT_PAIRS_PER_EXPERT times the experts, each pair takes
 # a tile of its own: no sorting kernels before the GEMMs (they cost more than the GEMMs at decode), at the price of
 # reading an expert once per pair that chose it. With few experts many pairs share one: Mixtral's shape (8 experts
-# of 4096 x 14336, top 2) took 2,680 us at 64 pairs a tile each against 1,019 sorted, 1,379 against 887 at 32, 900
-# against 1,001 at 16 (H100, `bench_fused_moe.py --experts 8 --top-k 2 --hidden-size 4096 --intermediate-size 14336`).
+# of 4096 x 14336, top 2) took 2,680 us at 64 pairs a tile each against 1,019 sorted, 1,379 against 887 at 32, and
+# was even at 16 (H100, `bench_fused_moe.py --experts 8 --top-k 2 --hidden-size 4096 --intermediate-size 14336`).
 DIRECT_MAX_PAIRS = 64
 DIRECT_PAIRS_PER_EXPERT = 2
 

@@ -4,10 +4,10 @@ For a few rows of x (decode) W is dequantized inside a GEMV kernel, its packed b
 its own on x rounded to int8 (gguf_int8_gemv.py); weights it cannot read (rows off word boundaries, 32-value blocks not
 in whole groups of eight) take a float GEMV: one program owns BLOCK_N rows of W and walks their blocks along K, decoding
 a [BLOCK_N, block size] tile in registers per step and reducing it against a row of x. From 9 to the type's
-TILE_MAX_ROWS rows (every type but Q4_0, Q4_1 and Q8_0, which decode cheaply) the tile kernel of gguf_tiles.py runs, its
-bytes read once a tile of rows. Otherwise (prefill, those types, layers small enough that their decoded copy stays in
-the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed experts, each output
-row a (token, expert) pair whose expert the kernel picks.
+TILE_MAX_ROWS rows (every type but Q4_0, Q4_1, Q8_0 and Q3_K, whose decoded path was as fast) the tile kernel of
+gguf_tiles.py runs, its bytes read once a tile of rows. Otherwise (prefill, those types, layers small enough that their
+decoded copy stays in the L2 cache) W is decoded whole into x's dtype and cuBLAS multiplies. The GEMVs also run packed
+experts, each output row a (token, expert) pair whose expert the kernel picks.
 """
 
 from __future__ import annotations
