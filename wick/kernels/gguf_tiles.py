@@ -24,9 +24,10 @@ T = GGMLQuantizationType
 # Q4_0 and Q4_1 decode cheaply too: with Q4_K's tiles (not swept) they were 0.31-0.53 ms at 16-64 rows from one
 # run to the next against 0.43 decoded, so only their experts run tiles. Q5_0 and Q5_1 won at 16-256 rows in both
 # runs (Q5_1: 0.59-0.72 against 0.85-0.93).
-# Q2_K, IQ4_XS and IQ4_NL won over the decoded path in the median of six timings at 32-128 rows (IQ4_XS 0.35-0.51
-# against 0.57-0.59 ms), each timing moving by up to 2x; Q2_K and IQ4_NL lost at 256 rows, IQ4_XS won there. Q3_K's
-# tiles were a wash (0.42-0.48 against 0.46-0.47), so only its experts run tiles.
+# Q2_K, IQ4_XS and IQ4_NL won over the decoded path in the median of six timings at most row counts from 16 to 128
+# (IQ4_XS 0.26-0.51 against 0.57-0.59 ms; Q2_K lost at 16 rows, IQ4_NL at 32), each timing moving by up to 2x; Q2_K
+# and IQ4_NL lost at 256 rows, IQ4_XS won there. Q3_K's tiles were a wash (0.42-0.48 against 0.46-0.47), so only its
+# experts run tiles.
 TILE_MAX_ROWS = {T.Q4_K: 256, T.Q5_K: 256, T.Q6_K: 128, T.Q5_0: 256, T.Q5_1: 256, T.Q2_K: 128, T.IQ4_XS: 256,
                  T.IQ4_NL: 128}
 # (BLOCK_M, BLOCK_N, K_STEP (columns a step), warps, stages) of the tile kernel by the most rows they serve
