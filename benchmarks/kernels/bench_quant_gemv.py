@@ -46,7 +46,7 @@ SWEEPS = {
     "iq4_xs": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_nl": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
 }
-# The float GEMV's, for the GGUF types without an int8 GEMV.
+# The float GEMV's shapes (an older tree's types without an int8 GEMV), and for the types without a sweep above.
 FLOAT_SWEEP = list(itertools.product([8, 16, 32, 64], [1, 2], [2, 4, 8], [0, 16, 32]))
 # A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
 # an older tree's kernels).

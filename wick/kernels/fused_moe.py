@@ -207,6 +207,12 @@ DIRECT_MAX_PAIRS = 64
 DIRECT_PAIRS_PER_EXPERT = 2
 
 
+def pair_bound(max_pairs: int, per_expert: int, num_experts: int) -> int:
+    """The most (token, expert) pairs a path that reads an expert once per pair takes: max_pairs, and no more than
+    per_expert times the experts (with few experts, many pairs share one)."""
+    return min(max_pairs, per_expert * num_experts)
+
+
 # The same over 4- or 8-bit experts, whose B tiles are unpacked at every step (Qwen3-30B-A3B's 4-bit experts on an H100,
 # `bench_fused_moe.py --wna16 4 --sweep`: 382 against 574 us with MOE_CONFIGS' at 1,024 pairs, 1,101 against 1,642 at
 # 16,384).
@@ -281,7 +287,7 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if num_tokens == 0:
         return torch.zeros_like(x)
     config = config or moe_config(num_pairs, x.dtype, isinstance(w13_scales, GroupScales))
-    direct = num_pairs <= min(DIRECT_MAX_PAIRS, DIRECT_PAIRS_PER_EXPERT * num_experts)
+    direct = num_pairs <= pair_bound(DIRECT_MAX_PAIRS, DIRECT_PAIRS_PER_EXPERT, num_experts)
     if direct:  # tile i is pair i: its expert is topk_ids' element i (the kernel reads no sorted ids or count)
         ids = topk_ids.flatten()
         layout = (ids, ids, ids)

@@ -17,26 +17,29 @@ DP4A = os.environ.get("TRITON_INTERPRET", "0") != "1"
 @triton.jit
 def dp4a(a, b, DP4A: tl.constexpr):
     """Sum over the four bytes of unsigned a times signed b (int32 words)."""
-    if DP4A:
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
-                                         dtype=tl.int32, is_pure=True, pack=1)
-    else:
-        total = tl.zeros_like(a)
-        for k in tl.static_range(4):
-            total += ((a >> (8 * k)) & 255) * ((b << (24 - 8 * k)) >> 24)
-        return total
+    return _dp4a(a, b, False, DP4A)
 
 
 @triton.jit
 def dp4a_signed(a, b, DP4A: tl.constexpr):
     """Sum over the four bytes of signed a times signed b (int32 words)."""
+    return _dp4a(a, b, True, DP4A)
+
+
+@triton.jit
+def _dp4a(a, b, SIGNED_A: tl.constexpr, DP4A: tl.constexpr):
     if DP4A:
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
-                                         dtype=tl.int32, is_pure=True, pack=1)
+        if SIGNED_A:
+            return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        else:
+            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, tl.zeros_like(a)],
+                                             dtype=tl.int32, is_pure=True, pack=1)
     else:
         total = tl.zeros_like(a)
         for k in tl.static_range(4):
-            total += ((a << (24 - 8 * k)) >> 24) * ((b << (24 - 8 * k)) >> 24)
+            a_byte = ((a << (24 - 8 * k)) >> 24) if SIGNED_A else ((a >> (8 * k)) & 255)
+            total += a_byte * ((b << (24 - 8 * k)) >> 24)
         return total
 
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
+from wick.kernels.fused_moe import pair_bound
 from wick.layers.moe.fused_moe import FusedMoE, fused_experts_ref
-from wick.layers.moe.gguf_experts import fused_experts_gguf, gemv_max_pairs
+from wick.layers.moe.gguf_experts import EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig
@@ -128,7 +129,8 @@ def test_gpu_packed_experts(qtype: GGMLQuantizationType, down_type: GGMLQuantiza
     out = fused_experts_gguf(x, packed.packed["w13"], packed.packed["w2"], weights, ids, path)
     assert out.dtype == dtype
     pairs = tokens * SPEC.top_k
-    gemv = path == "gemv" or (path is None and pairs <= gemv_max_pairs(SPEC.num_experts))
+    gemv_max_pairs = pair_bound(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT, SPEC.num_experts)
+    gemv = path == "gemv" or (path is None and pairs <= gemv_max_pairs)
     # the int8 GEMVs meet x rounded to int8 in runs of 32, as llama.cpp's experts do (the kernel tests check them
     # against x so rounded, to 1e-4); bf16 rounds what it holds; at one token the two add up (Q3_K, Q5_K: 2.4%)
     bf16 = dtype == torch.bfloat16

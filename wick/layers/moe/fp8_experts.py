@@ -145,12 +145,12 @@ def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_wei
     expert; "tiles", the fused MoE kernel."""
     from wick.kernels.activation import silu_and_mul
     from wick.kernels.fp8_matmul import fp8_expert_gemv, runs_expert_gemv
-    from wick.kernels.fused_moe import fused_experts, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
 
     tokens, top_k = topk_ids.shape
     gemv = runs_expert_gemv(w13.block, w13.shape[2]) and runs_expert_gemv(w2.block, w2.shape[2])
     if path is None:
-        bound = min(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT * w13.data.shape[0])
+        bound = pair_bound(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT, w13.data.shape[0])
         path = "gemv" if gemv and tokens * top_k <= bound else "tiles"
     if path == "gemv" and not gemv:
         raise ValueError(f"fp8 experts with scale tiles {w13.block} and {w2.block} have no gemv path")

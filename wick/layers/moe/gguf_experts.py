@@ -2,10 +2,11 @@
 
 Each of w13 (every expert's gate rows, then its up rows) and w2 is held as [experts, rows, row bytes] of uint8 in
 one GGUF type (any of the quantized types the loader reads), about the file's size instead of bf16's. On a GPU, a
-few (token, expert) pairs (decode, gemv_max_pairs) run the GEMVs (int8 ones where the type has one, else a float
-one), each pair's expert chosen inside the kernel; more pairs run the tile kernel over the pairs sorted by expert
-(each expert's blocks read once a tile of its pairs), and past EXPERT_TILES_MAX_PAIRS the experts are decoded whole
-for the fused MoE kernel. On the CPU the reference decodes each expert a token chose as it meets it.
+few (token, expert) pairs (decode, EXPERT_GEMV_MAX_PAIRS and EXPERT_GEMV_PAIRS_PER_EXPERT an expert) run the GEMVs
+(int8 ones where the type has one, else a float one), each pair's expert chosen inside the kernel; more pairs run
+the tile kernel over the pairs sorted by expert (each expert's blocks read once a tile of its pairs), and past
+EXPERT_TILES_MAX_PAIRS the experts are decoded whole for the fused MoE kernel. On the CPU the reference decodes each
+expert a token chose as it meets it.
 """
 
 from __future__ import annotations
@@ -29,11 +30,6 @@ EXPERT_GEMV_PAIRS_PER_EXPERT = 2
 # against 1,752 decoded at 16,384 pairs, 2,117 against 2,121 at 32,768, 3,729 against 2,868 at 65,536; Q3_K's 2,360
 # against 1,956 at 32,768 (H100).
 EXPERT_TILES_MAX_PAIRS = 16384
-
-
-def gemv_max_pairs(num_experts: int) -> int:
-    """The most (token, expert) pairs over `num_experts` experts that run the GEMVs."""
-    return min(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT * num_experts)
 
 
 def packs_experts(qtype: GGMLQuantizationType, columns: int) -> bool:
@@ -75,10 +71,10 @@ class PackedExperts:
 def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
     """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
-    the first that runs): "gemv", the GEMVs, up to gemv_max_pairs pairs; "tiles", the tile kernel over the pairs
+    the first that runs): "gemv", the GEMVs, up to the bound above; "tiles", the tile kernel over the pairs
     sorted by expert, up to EXPERT_TILES_MAX_PAIRS; "decoded", the experts decoded whole."""
     from wick.kernels.activation import silu_and_mul
-    from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, moe_align, pair_bound, sum_pairs
     from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
     from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
 
@@ -87,7 +83,8 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     gemv = runs_expert_gemv(w13.data, w13.qtype) and runs_expert_gemv(w2.data, w2.qtype)
     tiles = gemv and runs_expert_tiles(w13.data, w13.qtype) and runs_expert_tiles(w2.data, w2.qtype)
     if path is None:
-        path = ("gemv" if gemv and num_pairs <= gemv_max_pairs(w13.shape[0]) else
+        gemv_max_pairs = pair_bound(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT, w13.shape[0])
+        path = ("gemv" if gemv and num_pairs <= gemv_max_pairs else
                 "tiles" if tiles and num_pairs <= EXPERT_TILES_MAX_PAIRS else "decoded")
     if (path == "gemv" and not gemv) or (path == "tiles" and not tiles):
         raise ValueError(f"experts in {w13.qtype.name} and {w2.qtype.name} have no {path} path")

@@ -200,12 +200,12 @@ def fused_experts_wna16(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, to
     "gemv", the W4A16 / W8A16 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an expert;
     "tiles", the fused MoE kernel."""
     from wick.kernels.activation import silu_and_mul
-    from wick.kernels.fused_moe import fused_experts, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
     from wick.kernels.wna16_matmul import wna16_expert_gemv
 
     tokens, top_k = topk_ids.shape
     if path is None:
-        bound = min(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT * w13.qweight.shape[0])
+        bound = pair_bound(EXPERT_GEMV_MAX_PAIRS, EXPERT_GEMV_PAIRS_PER_EXPERT, w13.qweight.shape[0])
         path = "gemv" if tokens * top_k <= bound else "tiles"
     if path == "tiles":
         return fused_experts(x, w13.qweight, w2.qweight, topk_weights, topk_ids, w13_scales=w13.group_scales,
