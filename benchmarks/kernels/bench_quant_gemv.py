@@ -1,11 +1,12 @@
-"""The quantized GEMV kernels (one row of x: a decode step of one request) against bf16's x @ W^T, at the
-linear layers of a model's shape, inside CUDA graphs: microseconds, GB/s of the weights' bytes and the
-share of the copy bandwidth. Each layer runs over copies of its weights that together exceed the L2 cache
-several times, in turn, as a decode step meets them: from memory, not from L2. `--sweep` times every
-(rows or columns per program, step, warps[, warps an SM that splitting K aims at]) of each kernel and names
-the one with the least time over the layers (the defaults in wick/kernels/).
+"""The quantized GEMV kernels (one row of x: a decode step of one request) and the Triton GEMV over bf16 weights
+(`dense`) against bf16's x @ W^T (cuBLAS), at the linear layers of a model's shape, inside CUDA graphs:
+microseconds, GB/s of the weights' bytes and the share of the copy bandwidth. Each layer runs over copies of its
+weights that together exceed the L2 cache several times, in turn, as a decode step meets them: from memory, not
+from L2. `--sweep` times every (rows or columns per program, step, warps[, warps an SM that splitting K aims at])
+of each kernel and names the one with the least time over the layers (the defaults in wick/kernels/).
 
-    python -m benchmarks.kernels.bench_quant_gemv [--formats q4_k,gptq,fp8,q5_k,...] [--sweep] [--json FILE]
+    python -m benchmarks.kernels.bench_quant_gemv [--model llama-3.1-8b] [--lm-head]
+        [--formats q4_k,gptq,fp8,dense,...] [--sweep] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,12 +24,12 @@ from triton.testing import do_bench_cudagraph
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels import gguf_int8_gemv
 from wick.kernels import gguf_matmul as gguf_matmul_module
+from wick.kernels.dense_gemv import DENSE_GEMV_CONFIG, dense_gemv
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
 from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
+from wick.loader.presets import get_preset_config
 
-# (name, N, K) of Llama-3.1-8B's linear layers as wick merges them.
-LLAMA_8B = [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096), ("down", 4096, 14336)]
 GROUP = 128
 # Bytes of each layer's copies together: the H100's and H200's L2 hold 50 MB.
 COLD_BYTES = 400 << 20
@@ -45,12 +46,32 @@ SWEEPS = {
     "q2_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_xs": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_nl": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
+    # Past 64 products a thread the accumulator spills.
+    "dense": [c for c in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [2, 4, 8])
+              if c[0] * c[1] <= 64 * 32 * c[2]],
 }
 # The float GEMV's shapes (an older tree's types without an int8 GEMV), and for the types without a sweep above.
 FLOAT_SWEEP = list(itertools.product([8, 16, 32, 64], [1, 2], [2, 4, 8], [0, 16, 32]))
 # A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
 # an older tree's kernels).
-DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG}
+DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG,
+            "dense": DENSE_GEMV_CONFIG}
+
+
+def layer_shapes(model: str, lm_head: bool) -> list[tuple[str, int, int]]:
+    """(name, N, K) of a preset model's linear layers as wick merges them (an MoE model's attention only), and its
+    LM head where asked."""
+    config = get_preset_config(model)
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    q, kv = heads * head_dim, config.num_key_value_heads * head_dim
+    shapes = [("qkv", q + 2 * kv, hidden), ("o", hidden, q)]
+    if not (getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)):
+        shapes += [("gate_up", 2 * config.intermediate_size, hidden), ("down", hidden, config.intermediate_size)]
+    return shapes + ([("lm_head", config.vocab_size, hidden)] if lm_head else [])
+
+
+LLAMA_8B = layer_shapes("llama-3.1-8b", lm_head=False)
 
 
 def _default(fmt: str) -> tuple | None:
@@ -64,6 +85,11 @@ def _default(fmt: str) -> tuple | None:
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
     weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
     return lambda x, config: torch.matmul(x, weight.t()), weight.numel() * 2
+
+
+def _dense(n: int, k: int) -> tuple[Callable, int]:
+    weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
+    return lambda x, config: dense_gemv(x, weight, config), weight.numel() * 2
 
 
 def _gguf(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[Callable, int]:
@@ -91,7 +117,7 @@ def _fp8(n: int, k: int, block: tuple[int, int] | None = None) -> tuple[Callable
 
 
 # Any other format names a GGUF type (q5_0, q3_k, ...): its int8 GEMV where it has one, else the float GEMV.
-MAKERS = {"gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128))}
+MAKERS = {"gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128)), "dense": _dense}
 
 
 def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:
@@ -114,17 +140,20 @@ def _time_us(fn: Callable[[], object]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="llama-3.1-8b", help="a preset's name (wick/loader/presets.py)")
+    parser.add_argument("--lm-head", action="store_true", help="time the LM head's shape too")
     parser.add_argument("--formats", default="q4_k,gptq,fp8")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--json", default=None, help="write every timing here")
     args = parser.parse_args()
     print_environment()
     bandwidth = copy_bandwidth()
-    print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s; layers of Llama-3.1-8B, one row of x (bf16)")
-    x = {k: torch.randn(1, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in LLAMA_8B}}
+    shapes = layer_shapes(args.model, args.lm_head)
+    print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s; layers of {args.model}, one row of x (bf16)")
+    x = {k: torch.randn(1, k, dtype=torch.bfloat16, device="cuda") for k in {k for _, _, k in shapes}}
     results: dict = {"bandwidth": bandwidth, "bf16": {}, "formats": {}}
     bf16_total = 0.0
-    for name, n, k in LLAMA_8B:
+    for name, n, k in shapes:
         run, nbytes, copies = _cold(_bf16, n, k)
         us = _time_us(partial(run, x[k], None)) / copies
         bf16_total += us
@@ -135,7 +164,7 @@ def main() -> None:
         torch.cuda.empty_cache()
     for fmt in args.formats.split(","):
         make = MAKERS.get(fmt) or partial(_gguf, GGMLQuantizationType[fmt.upper()])
-        layers = [(name, *_cold(make, n, k), k) for name, n, k in LLAMA_8B]
+        layers = [(name, *_cold(make, n, k), k) for name, n, k in shapes]
         configs = SWEEPS.get(fmt, FLOAT_SWEEP) if args.sweep else [_default(fmt)]
         timings: dict[str, dict[str, float]] = {}
         for config in configs:

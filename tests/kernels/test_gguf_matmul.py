@@ -137,6 +137,15 @@ def test_gpu_bf16_shapes(qtype: GGMLQuantizationType, rows: int) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q6_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)
+def test_gpu_gemma3_lm_head(qtype: GGMLQuantizationType) -> None:
+    """Gemma 3's tied embedding as its GGUF files pack it: 262,208 rows, more tiles of 4 than a grid's second
+    dimension holds."""
+    _check(qtype, 1, 262208, 256, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
 def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:

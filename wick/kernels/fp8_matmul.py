@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.gemv_split import fit_grid_rows
+
 
 def fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """The reference: W [N, K] in float32, each scale covering a block[0] x block[1] tile."""
@@ -170,6 +172,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
             return out.reshape(*x.shape[:-1], n)
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
+    block_n = fit_grid_rows(n, block_n)
     steps = _gemv_steps(block, k, block_k)
     if steps is not None:
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](

@@ -13,6 +13,16 @@ import triton.language as tl
 
 # Output tiles (rows of x times column tiles) the arrival counts cover; a GEMV with more is not split.
 MAX_TILES = 1 << 20
+# Programs a CUDA grid holds along its second dimension, where the GEMVs put their tiles of W's rows.
+MAX_GRID_Y = 65535
+
+
+def fit_grid_rows(n: int, block_n: int) -> int:
+    """Rows of W a GEMV program takes: block_n, doubled until the tiles of n rows fit the grid (Gemma 3's LM head,
+    262,208 rows, in tiles of 4)."""
+    while triton.cdiv(n, block_n) > MAX_GRID_Y:
+        block_n *= 2
+    return block_n
 
 
 @functools.cache

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 from gguf import GGMLQuantizationType
 
-from wick.kernels.gemv_split import SplitK, store_split_output
+from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
 from wick.kernels.int8_activations import DP4A, byte_perm, dp4a, dp4a_signed, quantize_q8
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
@@ -423,6 +423,7 @@ def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizatio
     m, n = out.shape
     k = x.shape[1]
     block_n, block_b, warps, split_warps = gemv_config or default
+    block_n = fit_grid_rows(n, block_n)
     while (k // 256) % block_b:
         block_b //= 2
     xq, xd, xs = quantize_q8(x)

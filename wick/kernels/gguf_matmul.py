@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from wick.kernels.gemv_split import SplitK, store_split_output
+from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
 from wick.kernels.gguf_decode import TRITON_CODES, TRITON_TYPES, decode, iq4_levels
 from wick.kernels.gguf_int8_gemv import launch_int8_gemv, runs_int8_gemv
 from wick.kernels.gguf_tiles import TILE_MAX_ROWS, runs_tiles, tile_matmul
@@ -149,6 +149,7 @@ def _gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out:
     m, n = out.shape
     k = x.shape[1]
     block_n, block_b, warps, split_warps = gemv_config or FLOAT_GEMV_CONFIGS[block_size]
+    block_n = fit_grid_rows(n, block_n)
     block_b = math.gcd(block_b, k // block_size)
     grid = (m, triton.cdiv(n, block_n))
     split = SplitK(k // block_size // block_b, m * grid[1], warps, split_warps, out, split_k)

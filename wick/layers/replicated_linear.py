@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from wick.layers.linear import default_weight_loader
+from wick.layers.quantization.unquantized import dense_linear
 
 
 class ReplicatedLinear(nn.Module):
@@ -21,4 +21,4 @@ class ReplicatedLinear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return dense_linear(x, self.weight, self.bias)

@@ -16,6 +16,7 @@ from torch import nn
 from wick.distributed.communication import tp_all_gather_last_dim, tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.quantization.base import current_quantization
 from wick.layers.quantization.gguf import GGUFWeight, gguf_embedding, gguf_linear
+from wick.layers.quantization.unquantized import dense_linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -82,6 +83,6 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         packed = getattr(self.weight, "gguf", None)
-        local = gguf_linear(hidden_states, packed) if packed is not None else F.linear(hidden_states, self.weight)
+        local = gguf_linear(hidden_states, packed) if packed is not None else dense_linear(hidden_states, self.weight)
         logits = tp_all_gather_last_dim(local)
         return logits[..., : self.num_embeddings]

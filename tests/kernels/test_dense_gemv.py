@@ -1,0 +1,47 @@
+"""The float GEMV against x @ W^T (+ b) in float64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wick.kernels.dense_gemv import DENSE_GEMV_CONFIG, dense_gemv
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def _check(n: int, k: int, dtype: torch.dtype, config: tuple[int, int, int] | None = None, bias: bool = False,
+           leading: tuple[int, ...] = (1,)) -> None:
+    g = torch.Generator().manual_seed(n * k)
+    weight = torch.randn(n, k, generator=g).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype) if bias else None
+    x = torch.randn(*leading, k, generator=g).to(DEVICE, dtype)
+    expected = x.double() @ weight.double().t() + (0 if b is None else b.double())
+    out = dense_gemv(x, weight, b, config)
+    assert out.dtype == dtype and out.shape == (*leading, n)
+    torch.testing.assert_close(out.double(), expected, atol=TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("shape", [(40, 96), (37, 300), (8, 1024)], ids=str)
+def test_matches_reference(shape: tuple[int, int], dtype: torch.dtype) -> None:
+    """Whole tiles, and rows and columns past the last whole tile."""
+    _check(*shape, dtype, config=(8, 64, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bias(dtype: torch.dtype) -> None:
+    _check(37, 300, dtype, config=(8, 64, 2), bias=True)
+
+
+def test_default_config() -> None:
+    """The default shape, and x with leading dimensions [1, 1]."""
+    _check(48, 2 * DENSE_GEMV_CONFIG[1] + 100, torch.bfloat16, leading=(1, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gemma3_lm_head() -> None:
+    """Gemma 3's LM head, 262,208 rows: more programs than a grid's second dimension holds."""
+    _check(262208, 256, torch.bfloat16)

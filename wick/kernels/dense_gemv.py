@@ -1,0 +1,47 @@
+"""x @ W^T (+ b) for one row of x and W in a float dtype, a batch-1 decode step's linear layer: BLOCK_N rows of W
+a program, BLOCK_K columns a step, the products summed in float32. At batch 1 it reads W at 100-105% of the copy
+bandwidth where cuBLAS reads it at 24-95% (docs/benchmarks.md, session 20); splitting K was slower at every
+shape of the sweep."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# (rows a program, columns a step, warps), from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep`.
+DENSE_GEMV_CONFIG = (4, 1024, 4)
+
+
+@triton.jit
+def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rows < N
+    w_rows = w_ptr + tl.where(n_mask, rows, 0).to(tl.int64)[:, None] * stride_wn
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + ks
+        k_mask = k < K
+        w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
+        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    total = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        total += tl.load(bias_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=n_mask)
+
+
+def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x [..., K] holding one row @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype; weight's rows
+    contiguous. config: DENSE_GEMV_CONFIG's fields, for benchmarks and tests; None picks them."""
+    n, k = weight.shape
+    x1 = x.reshape(k).contiguous()
+    out = torch.empty(n, dtype=x.dtype, device=x.device)
+    block_n, block_k, warps = config or DENSE_GEMV_CONFIG
+    _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, num_warps=warps)
+    return out.reshape(*x.shape[:-1], n)
