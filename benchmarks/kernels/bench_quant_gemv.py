@@ -24,7 +24,7 @@ from triton.testing import do_bench_cudagraph
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels import gguf_int8_gemv
 from wick.kernels import gguf_matmul as gguf_matmul_module
-from wick.kernels.dense_gemv import DENSE_GEMV_CONFIG, dense_gemv
+from wick.kernels.dense_gemv import dense_gemv
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
 from wick.kernels.gguf_matmul import gguf_matmul
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
@@ -46,16 +46,15 @@ SWEEPS = {
     "q2_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_xs": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_nl": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
-    # Past 64 products a thread the accumulator spills.
-    "dense": [c for c in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [2, 4, 8])
+    # None: the defaults by K. Past 64 products a thread the accumulator spills.
+    "dense": [None] + [c for c in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [2, 4, 8])
               if c[0] * c[1] <= 64 * 32 * c[2]],
 }
 # The float GEMV's shapes (an older tree's types without an int8 GEMV), and for the types without a sweep above.
 FLOAT_SWEEP = list(itertools.product([8, 16, 32, 64], [1, 2], [2, 4, 8], [0, 16, 32]))
 # A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
 # an older tree's kernels).
-DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG,
-            "dense": DENSE_GEMV_CONFIG}
+DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG, "dense": None}
 
 
 def layer_shapes(model: str, lm_head: bool) -> list[tuple[str, int, int]]:
@@ -89,7 +88,7 @@ def _bf16(n: int, k: int) -> tuple[Callable, int]:
 
 def _dense(n: int, k: int) -> tuple[Callable, int]:
     weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
-    return lambda x, config: dense_gemv(x, weight, config), weight.numel() * 2
+    return lambda x, config: dense_gemv(x, weight, config=config), weight.numel() * 2
 
 
 def _gguf(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[Callable, int]:

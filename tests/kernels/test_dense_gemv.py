@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wick.kernels.dense_gemv import DENSE_GEMV_CONFIG, dense_gemv
+from wick.kernels.dense_gemv import DENSE_GEMV_CONFIGS, dense_gemv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
@@ -35,9 +35,10 @@ def test_bias(dtype: torch.dtype) -> None:
     _check(37, 300, dtype, config=(8, 64, 2), bias=True)
 
 
-def test_default_config() -> None:
-    """The default shape, and x with leading dimensions [1, 1]."""
-    _check(48, 2 * DENSE_GEMV_CONFIG[1] + 100, torch.bfloat16, leading=(1, 1))
+@pytest.mark.parametrize("least_k", [least_k for least_k, _ in DENSE_GEMV_CONFIGS])
+def test_default_configs(least_k: int) -> None:
+    """Each default shape past a whole step, and x with leading dimensions [1, 1]."""
+    _check(48, least_k + 1100, torch.bfloat16, leading=(1, 1))
 
 
 @pytest.mark.gpu

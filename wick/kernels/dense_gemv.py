@@ -9,8 +9,9 @@ import torch
 import triton
 import triton.language as tl
 
-# (rows a program, columns a step, warps), from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep`.
-DENSE_GEMV_CONFIG = (4, 1024, 4)
+# (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
+# from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
+DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
 
 
 @triton.jit
@@ -36,11 +37,11 @@ def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                config: tuple[int, int, int] | None = None) -> torch.Tensor:
     """x [..., K] holding one row @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype; weight's rows
-    contiguous. config: DENSE_GEMV_CONFIG's fields, for benchmarks and tests; None picks them."""
+    contiguous. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and tests; None picks them."""
     n, k = weight.shape
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = config or DENSE_GEMV_CONFIG
+    block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
         HAS_BIAS=bias is not None, num_warps=warps)
