@@ -29,6 +29,7 @@ from wick.layers.quantization.fp8 import Fp8Config
 from wick.layers.quantization.gguf import GGUFWeight, as_dense
 from wick.layers.quantization.gguf_quantize import quantize
 from wick.layers.quantization.gptq import GPTQConfig
+from wick.layers.quantization.unquantized import dense_linear
 
 if TYPE_CHECKING:
     from wick.models.config import MoeSpec
@@ -82,7 +83,7 @@ class RouterLinear(nn.Module):
             self.e_score_correction_bias = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return dense_linear(x, self.weight)
 
 
 def _replicated_loader(param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: None = None) -> None:

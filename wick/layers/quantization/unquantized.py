@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wick.kernels.dense_gemv import dense_gemv
 from wick.layers.quantization.base import LinearMethod, set_weight_attrs
 
 
@@ -15,6 +14,8 @@ def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     there (wick/kernels/dense_gemv.py)."""
     if (x.is_cuda and x.numel() == weight.shape[1] and x.dtype == weight.dtype
             and x.dtype in (torch.bfloat16, torch.float16) and weight.stride(1) == 1):
+        from wick.kernels.dense_gemv import dense_gemv
+
         return dense_gemv(x, weight, bias)
     return F.linear(x, weight, bias)
 
