@@ -132,8 +132,9 @@ def _gemv_steps(block: tuple[int, int], k: int, block_k: int) -> tuple[int, int]
 
 
 GEMV_MAX_ROWS = 8
-# Rows per program, columns per step and warps of the GEMV (benchmarks/kernels/bench_quant_gemv.py).
-FP8_GEMV_CONFIG = (4, 1024, 2)
+# Rows per program, columns per step (at most K's next power of two) and warps of the GEMV
+# (benchmarks/kernels/bench_quant_gemv.py --formats fp8,fp8_block --sweep, Llama-3.1-8B's layers on an H100).
+FP8_GEMV_CONFIG = (2, 2048, 4)
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the tile kernel by the most rows they serve; 32 and 128 rows
 # from `benchmarks/kernels/bench_fp8_gemm.py --sweep` on an H100; past the last, the last.
 FP8_TILE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
@@ -173,7 +174,7 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
             return out.reshape(*x.shape[:-1], n)
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
     block_n = fit_grid_rows(n, block_n)
-    steps = _gemv_steps(block, k, block_k)
+    steps = _gemv_steps(block, k, min(block_k, triton.next_power_of_2(k)))
     if steps is not None:
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, weight, scale, out, out, n, k, x2.stride(0), 0, weight.stride(0), 0, *strides[2:],
