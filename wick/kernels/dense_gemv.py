@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.pdl import uses_pdl
+
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
 # from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
 DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
@@ -15,13 +17,19 @@ DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
 
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
+    """Where PDL the first step's weights load while the kernel before ends (nothing writes weights), x only after
+    it has."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     w_rows = w_ptr + tl.where(n_mask, rows, 0).to(tl.int64)[:, None] * stride_wn
     ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    w = tl.load(w_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0)
+    acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
         w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
@@ -41,7 +49,8 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)
+    pdl = uses_pdl(x)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, num_warps=warps)
+        HAS_BIAS=bias is not None, PDL=pdl, num_warps=warps, launch_pdl=pdl)
     return out.reshape(*x.shape[:-1], n)

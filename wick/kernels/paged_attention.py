@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.kv_cache_write import as_storable
+from wick.kernels.pdl import uses_pdl
 
 LOG2E = 1.4426950408889634
 # Keys a split covers at least. At batch 1 an H100 runs a 640-key context in 19.0 us with 2 splits and in
@@ -169,8 +170,10 @@ def _paged_attention_kernel(
 def _combine_splits_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):
+    if LAUNCH_DEPENDENTS:  # the output projection's GEMV loads its weights meanwhile (pdl.py)
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0)
     head = tl.program_id(1)
     if token >= tl.load(query_start_loc_ptr + num_reqs):
@@ -288,7 +291,7 @@ def paged_attention(
         _combine_splits_kernel[(num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, num_reqs, num_splits,
             out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), LAUNCH_DEPENDENTS=uses_pdl(out),
         )
     return out
 

@@ -1,0 +1,20 @@
+"""Programmatic dependent launch (Hopper and later). A kernel launched with it (`launch_pdl=True`) may start
+while the kernel before it ends: it must wait (`gdc_wait`) before it reads or writes memory that kernel touches,
+and may load what no kernel writes (weights) before that. A kernel that calls `gdc_launch_dependents` at its
+start lets such a successor launch at once instead of when it ends."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _hopper(device: torch.device) -> bool:
+    return torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def uses_pdl(t: torch.Tensor) -> bool:
+    """Whether kernels on t's device take part in programmatic dependent launch."""
+    return t.is_cuda and _hopper(t.device)
