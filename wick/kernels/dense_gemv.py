@@ -52,5 +52,5 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     pdl = uses_pdl(x)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, PDL=pdl, num_warps=warps, launch_pdl=pdl)
+        HAS_BIAS=bias is not None, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
     return out.reshape(*x.shape[:-1], n)

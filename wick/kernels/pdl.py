@@ -8,6 +8,10 @@ from __future__ import annotations
 import functools
 
 import torch
+import triton.language as tl
+
+# gdc_wait, gdc_launch_dependents and the launch_pdl option came together (Triton 3.4).
+TRITON_HAS_PDL = hasattr(tl.extra.cuda, "gdc_wait")
 
 
 @functools.cache
@@ -17,4 +21,4 @@ def _hopper(device: torch.device) -> bool:
 
 def uses_pdl(t: torch.Tensor) -> bool:
     """Whether kernels on t's device take part in programmatic dependent launch."""
-    return t.is_cuda and _hopper(t.device)
+    return TRITON_HAS_PDL and t.is_cuda and _hopper(t.device)
