@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.gemv_split import fit_grid_rows
+from wick.kernels.pdl import uses_pdl
 
 
 def fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
@@ -82,16 +83,34 @@ def _fp8_tile_kernel(
 
 
 @triton.jit
+def _fp8_gemv_step(acc, w, x_row, scale_row, k0, ks, K, stride_sk, BLOCK_SK: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUPS: tl.constexpr):
+    """acc plus the step from column k0 of W's rows (w, loaded) against x, scaled."""
+    k = k0 + ks
+    x = tl.load(x_row + k, mask=k < K, other=0.0).to(tl.float32)
+    if GROUPS == 1:
+        acc += tl.load(scale_row + (k0 // BLOCK_SK) * stride_sk) * tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+    else:
+        sums = tl.sum(tl.reshape(w.to(tl.float32) * x[None, :], [BLOCK_N, GROUPS, BLOCK_K // GROUPS]), axis=2)
+        tiles = k0 // BLOCK_SK + tl.arange(0, GROUPS)
+        scale = tl.load(scale_row[:, None] + tiles[None, :] * stride_sk, mask=(tiles * BLOCK_SK < K)[None, :],
+                        other=0.0)
+        acc += tl.sum(sums * scale, axis=1)
+    return acc
+
+
+@triton.jit
 def _fp8_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, experts_ptr, N, K, stride_xm, stride_we, stride_wn, stride_se, stride_sn,
     stride_sk, stride_om,
     BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUPS: tl.constexpr, X_ROW_DIV: tl.constexpr, EXPERTS: tl.constexpr,
+    GROUPS: tl.constexpr, X_ROW_DIV: tl.constexpr, EXPERTS: tl.constexpr, PDL: tl.constexpr,
 ):
     """Output row m against BLOCK_N rows of W, BLOCK_K columns a step: GROUPS scale tiles of BLOCK_K / GROUPS columns
     each (a tile a step: each row's sum over the step takes its scale once; several: the sums of each tile's
     columns take theirs). Row m reads row m // X_ROW_DIV of x; EXPERTS: W and the scales of expert experts[m] of
-    stacked [E, N, K] ones (MoE experts, a (token, expert) pair a row)."""
+    stacked [E, N, K] ones (MoE experts, a (token, expert) pair a row). Where PDL (pdl.py) the first step's
+    weights load while the kernel before ends."""
     m = tl.program_id(0)
     if EXPERTS:
         expert = tl.load(experts_ptr + m).to(tl.int64)
@@ -103,20 +122,16 @@ def _fp8_gemv_kernel(
     ks = tl.arange(0, BLOCK_K)
     x_row = x_ptr + (m // X_ROW_DIV).to(tl.int64) * stride_xm
     scale_row = scale_ptr + (safe // BLOCK_SN) * stride_sn
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    w_rows = w_ptr + safe.to(tl.int64)[:, None] * stride_wn
+    w = tl.load(w_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    acc = _fp8_gemv_step(tl.zeros([BLOCK_N], dtype=tl.float32), w, x_row, scale_row, 0, ks, K, stride_sk, BLOCK_SK,
+                         BLOCK_N, BLOCK_K, GROUPS)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
-        k_mask = k < K
-        w = tl.load(w_ptr + safe.to(tl.int64)[:, None] * stride_wn + k[None, :], mask=k_mask[None, :], other=0.0)
-        x = tl.load(x_row + k, mask=k_mask, other=0.0).to(tl.float32)
-        if GROUPS == 1:
-            acc += tl.load(scale_row + (k0 // BLOCK_SK) * stride_sk) * tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        else:
-            sums = tl.sum(tl.reshape(w.to(tl.float32) * x[None, :], [BLOCK_N, GROUPS, BLOCK_K // GROUPS]), axis=2)
-            tiles = k0 // BLOCK_SK + tl.arange(0, GROUPS)
-            scale = tl.load(scale_row[:, None] + tiles[None, :] * stride_sk, mask=(tiles * BLOCK_SK < K)[None, :],
-                            other=0.0)
-            acc += tl.sum(sums * scale, axis=1)
+        w = tl.load(w_rows + k[None, :], mask=(k < K)[None, :], other=0.0)
+        acc = _fp8_gemv_step(acc, w, x_row, scale_row, k0, ks, K, stride_sk, BLOCK_SK, BLOCK_N, BLOCK_K, GROUPS)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -175,11 +190,12 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
     block_n = fit_grid_rows(n, block_n)
     steps = _gemv_steps(block, k, min(block_k, triton.next_power_of_2(k)))
+    pdl = uses_pdl(x)
     if steps is not None:
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, weight, scale, out, out, n, k, x2.stride(0), 0, weight.stride(0), 0, *strides[2:],
             BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=steps[0], GROUPS=steps[1], X_ROW_DIV=1,
-            EXPERTS=False, num_warps=warps)
+            EXPERTS=False, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
     else:
         _fp8_row_kernel[(m, triton.cdiv(n, 32))](*args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1],
                                                  BLOCK_N=32, BLOCK_K=128)
@@ -221,5 +237,5 @@ def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         _fp8_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
             x2, weight, scale, out, experts, n, k, x2.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
             scale.stride(1), scale.stride(2), out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n,
-            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True, num_warps=warps)
+            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True, PDL=False, num_warps=warps)
     return out
