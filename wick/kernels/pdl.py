@@ -16,7 +16,8 @@ TRITON_HAS_PDL = hasattr(tl.extra.cuda, "gdc_wait")
 
 @functools.cache
 def _hopper(device: torch.device) -> bool:
-    return torch.cuda.get_device_capability(device) >= (9, 0)
+    """An NVIDIA GPU of compute capability 9.0 or later (a ROCm build reports its GPUs as CUDA ones too)."""
+    return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def uses_pdl(t: torch.Tensor) -> bool:
