@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import uses_pdl
+from wick.kernels.pdl import pdl_options
 
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
 # from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
@@ -49,8 +49,7 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)
-    pdl = uses_pdl(x)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+        HAS_BIAS=bias is not None, num_warps=warps, **pdl_options(x))
     return out.reshape(*x.shape[:-1], n)

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.gemv_split import fit_grid_rows
-from wick.kernels.pdl import uses_pdl
+from wick.kernels.pdl import pdl_options
 
 
 def fp8_dequantize(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
@@ -190,12 +190,11 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
     block_n = fit_grid_rows(n, block_n)
     steps = _gemv_steps(block, k, min(block_k, triton.next_power_of_2(k)))
-    pdl = uses_pdl(x)
     if steps is not None:
         _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
             x2, weight, scale, out, out, n, k, x2.stride(0), 0, weight.stride(0), 0, *strides[2:],
             BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=steps[0], GROUPS=steps[1], X_ROW_DIV=1,
-            EXPERTS=False, PDL=pdl, num_warps=warps, **({"launch_pdl": True} if pdl else {}))
+            EXPERTS=False, num_warps=warps, **pdl_options(x))
     else:
         _fp8_row_kernel[(m, triton.cdiv(n, 32))](*args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1],
                                                  BLOCK_N=32, BLOCK_K=128)

@@ -23,3 +23,9 @@ def _hopper(device: torch.device) -> bool:
 def uses_pdl(t: torch.Tensor) -> bool:
     """Whether kernels on t's device take part in programmatic dependent launch."""
     return TRITON_HAS_PDL and t.is_cuda and _hopper(t.device)
+
+
+def pdl_options(t: torch.Tensor) -> dict[str, bool]:
+    """Launch options of a kernel with a PDL constexpr that waits before it touches its predecessor's memory: PDL,
+    and launch_pdl only where it is on (a Triton without PDL rejects the option even when false)."""
+    return {"PDL": True, "launch_pdl": True} if uses_pdl(t) else {"PDL": False}
