@@ -4,8 +4,9 @@ and against the GPU's measured bf16 matmul peak and copy bandwidth.
 
 For each token count: microseconds per call (CUDA graph), the expert FLOPs done per second and their share
 of the measured bf16 matmul peak (what matters for throughput), and the bytes of the experts actually hit
-per second and their share of the copy bandwidth (what matters for decode). `--sweep` times every tile
-shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
+per second and their share of the copy bandwidth (what matters for decode), for the path the layer picks; the
+tiles' and the GEMVs' (wick/kernels/expert_gemv.py, up to GEMV_MAX_PAIRS pairs) times beside it. `--sweep` times
+every tile shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
 `--rotate R`: each timed call is one of R calls in a row whose tokens route to R disjoint groups of experts, as a
 model's layers each read their own experts; with R = 1 the same experts are read at every call and partly stay in
 the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB). `--layers L`: the
@@ -18,6 +19,7 @@ shape over them past the GEMVs' pairs and every GEMV shape of GEMV_SWEEP up to t
 
     python -m benchmarks.kernels.bench_fused_moe [--tokens 1 8 64 256 2048 4096 --experts 128 --top-k 8 ...]
     python -m benchmarks.kernels.bench_fused_moe --sweep --skip-reference --json FILE
+    python -m benchmarks.kernels.bench_fused_moe --tokens 1 2 4 --skip-reference --rotate 8 --layers 8 --gemv-sweep
     python -m benchmarks.kernels.bench_fused_moe --tokens 1 4 8 --skip-reference --rotate 8 --layers 8 --gguf Q4_K
     python -m benchmarks.kernels.bench_fused_moe --tokens 1 16 256 2048 --skip-reference --layers 8 --fp8
     python -m benchmarks.kernels.bench_fused_moe --tokens 1 16 256 2048 --skip-reference --layers 8 --wna16 4
@@ -37,9 +39,10 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels import wna16_matmul
+from wick.kernels.expert_gemv import DOWN_CONFIG, GATE_UP_CONFIG, gemv_experts
 from wick.kernels.fused_moe import WeightScales, fused_experts, moe_config
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
-from wick.layers.moe.fused_moe import fused_experts_ref
+from wick.layers.moe.fused_moe import GEMV_MAX_PAIRS, fused_experts_float, fused_experts_ref
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
 from wick.layers.moe.routing import select_experts
 from wick.layers.moe.wna16_experts import EXPERT_GEMV_MAX_PAIRS, Wna16Experts, fused_experts_wna16
@@ -49,6 +52,9 @@ SWEEP = {
     "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256, 512], [2, 4], [3, 4, 5])),
     "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
 }
+# (rows a program, columns a step, warps) of the float experts' GEMVs (--gemv-sweep); both GEMVs are timed together,
+# one swept while the other keeps its default.
+EXPERT_GEMV_SWEEP = list(itertools.product([1, 2, 4, 8], [256, 512, 1024, 2048], [2, 4, 8]))
 # Tile shapes over 4- / 8-bit experts, whose B tiles are unpacked in registers at every step.
 WNA16_TILE_SWEEP = list(itertools.product([16, 64, 128], [64, 128], [64, 128], [4, 8], [3]))
 # (columns, input rows a step, warps, warps an SM that splitting K aims at) of the 4-bit expert GEMV (its steps are
@@ -75,6 +81,7 @@ def main() -> None:
     parser.add_argument("--skip-reference", action="store_true")
     parser.add_argument("--sweep", action="store_true")
     parser.add_argument("--json", default=None, help="write the sweep's timings here")
+    parser.add_argument("--gemv-sweep", action="store_true", help="time every shape of the float experts' GEMVs")
     parser.add_argument("--rotate", type=int, default=1, help="calls in a row over disjoint expert groups")
     parser.add_argument("--layers", type=int, default=1, help="layers of experts the calls take in turn")
     parser.add_argument("--gguf", default=None, help="also time experts packed in this GGUF type (Q4_K, Q5_K...)")
@@ -108,13 +115,19 @@ def main() -> None:
             for name, blocks in kinds:
                 print(f"fp8 experts, {name}:")
                 sweep(args.tokens, fp8_layers(w13, w2, *blocks), e, k, h, dtype, None, args.rotate)
-    print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts")
-    print("tokens | fused us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | % of bandwidth")
+    if args.gemv_sweep:
+        expert_gemv_sweep(args.tokens, w13, w2, args)
+    print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts; 'picked': the path the "
+          "layer picks, the figures after it its")
+    print("tokens | tiles us | gemv us | picked us | torch us | TFLOP/s | % of matmul peak | experts hit | GB/s read | "
+          "% of bandwidth")
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
         routes = routings(tokens, e, k, args.rotate)
         weights, ids = routes[0]
-        ms = time_ms(x, (w13, w2, None, None), routes, None)
+        tiles_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        gemv_ms = float_ms(x, w13, w2, routes, "gemv") if tokens * k <= GEMV_MAX_PAIRS else float("nan")
+        ms = float_ms(x, w13, w2, routes, None)
         ref = float("nan")
         if not args.skip_reference:
             ref = do_bench(lambda x=x, weights=weights, ids=ids: fused_experts_ref(x, w13[0], w2[0], weights, ids))
@@ -122,7 +135,8 @@ def main() -> None:
         hit = ids.unique().numel()
         read = hit * expert_bytes + 2 * x.numel() * x.element_size()
         seconds = ms / 1e3
-        print(f"{tokens} | {ms * 1e3:.1f} | {ref * 1e3:.1f} | {flops / seconds / 1e12:.1f} | "
+        print(f"{tokens} | {tiles_ms * 1e3:.1f} | {gemv_ms * 1e3:.1f} | {ms * 1e3:.1f} | {ref * 1e3:.1f} | "
+              f"{flops / seconds / 1e12:.1f} | "
               f"{flops / seconds / peak:.0%} | {hit} | {read / seconds / 1e9:.0f} | {read / seconds / bandwidth:.0%}")
     if args.gguf:
         time_packed(args, GGMLQuantizationType[args.gguf], GGMLQuantizationType[args.gguf_down or args.gguf], dtype,
@@ -307,6 +321,41 @@ def time_ms(x: torch.Tensor, layers: tuple, routes: list[tuple[torch.Tensor, tor
 
     run()
     return graph_ms(run) / len(routes)
+
+
+def float_ms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, routes: list, path: str | None,
+             configs: tuple = (None, None)) -> float:
+    """Milliseconds a call of fused_experts_float on `path` (None: the layer's pick; configs: the GEMVs', for "gemv"),
+    call r reading layer r % layers."""
+
+    def run() -> None:
+        for r, (weights, ids) in enumerate(routes):
+            layer = r % len(w13)
+            if configs != (None, None):
+                gemv_experts(x, w13[layer], w2[layer], weights, ids, *configs)
+            else:
+                fused_experts_float(x, w13[layer], w2[layer], weights, ids, path)
+
+    run()
+    return graph_ms(run) / len(routes)
+
+
+def expert_gemv_sweep(token_counts: list[int], w13: torch.Tensor, w2: torch.Tensor, args: argparse.Namespace) -> None:
+    """Each GEMV of the float experts' gemv path at every shape of EXPERT_GEMV_SWEEP (the other at its default): the
+    default's and the best's microseconds."""
+    for tokens in token_counts:
+        x = torch.randn(tokens, args.hidden_size, dtype=w13.dtype, device="cuda")
+        routes = routings(tokens, args.experts, args.top_k, args.rotate)
+        for name, default, place in (("gate/up", GATE_UP_CONFIG, 0), ("down", DOWN_CONFIG, 1)):
+            timings = {}
+            for config in [default, *EXPERT_GEMV_SWEEP]:
+                configs = [GATE_UP_CONFIG, DOWN_CONFIG]
+                configs[place] = config
+                timings[config] = float_ms(x, w13, w2, routes, "gemv", tuple(configs)) * 1e3
+            best = min(timings, key=timings.get)
+            print(f"expert GEMV sweep, {name}, {tokens} tokens: default {default} {timings[default]:.1f} us, best "
+                  f"{best} {timings[best]:.1f} us; " + ", ".join(
+                      f"{c}: {t:.1f}" for c, t in sorted(timings.items(), key=lambda kv: kv[1])[:6]))
 
 
 def graph_ms(fn: Callable[[], None]) -> float:

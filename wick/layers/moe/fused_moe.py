@@ -68,6 +68,28 @@ def fused_experts_ref(
     return out
 
 
+# (token, expert) pairs up to which float experts run as GEMVs on a GPU (wick/kernels/expert_gemv.py), and no more than
+# GEMV_PAIRS_PER_EXPERT times the experts (each pair reads its expert's rows); past them the fused MoE kernel's tiles.
+GEMV_MAX_PAIRS = 16
+GEMV_PAIRS_PER_EXPERT = 2
+
+
+def fused_experts_float(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
+    """fused_experts_ref over float experts on a GPU. path (for benchmarks; None picks): "gemv", the expert GEMVs, up to
+    GEMV_MAX_PAIRS pairs and GEMV_PAIRS_PER_EXPERT an expert; "tiles", the fused MoE kernel."""
+    # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+    from wick.kernels.expert_gemv import gemv_experts
+    from wick.kernels.fused_moe import fused_experts, pair_bound
+
+    if path is None:
+        bound = pair_bound(GEMV_MAX_PAIRS, GEMV_PAIRS_PER_EXPERT, w13.shape[0])
+        path = "gemv" if topk_ids.numel() <= bound else "tiles"
+    if path == "gemv":
+        return gemv_experts(x, w13, w2, topk_weights, topk_ids)
+    return fused_experts(x, w13, w2, topk_weights, topk_ids)
+
+
 class RouterLinear(nn.Module):
     """The replicated router: hidden [T, H] -> logits [T, E]; DeepSeek V3 adds a correction bias."""
 
@@ -278,9 +300,7 @@ class FusedMoE(nn.Module):
         elif x.is_cuda and self.wna16 is not None:
             out = fused_experts_wna16(x, w13, w2, weights, ids)
         elif x.is_cuda:
-            from wick.kernels.fused_moe import fused_experts
-
-            out = fused_experts(x, w13, w2, weights, ids)
+            out = fused_experts_float(x, w13, w2, weights, ids)
         else:
             out = fused_experts_ref(x, w13, w2, weights, ids)
         return tp_all_reduce(out)
