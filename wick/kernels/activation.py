@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import uses_pdl
+from wick.kernels.pdl import pdl_options
 
 _BLOCK = 1024
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
@@ -19,9 +19,10 @@ _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 
 @triton.jit
 def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr,
-                        LAUNCH_DEPENDENTS: tl.constexpr):
-    if LAUNCH_DEPENDENTS:  # the down projection's GEMV loads its weights meanwhile (pdl.py)
+                        PDL: tl.constexpr):
+    if PDL:  # pdl.py
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < features
@@ -53,7 +54,7 @@ def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
         return out
     _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
         rows, out, rows.stride(0), features, ACT=_ACTIVATIONS[activation], BLOCK=_BLOCK,
-        LAUNCH_DEPENDENTS=uses_pdl(x), num_warps=4
+        num_warps=4, **pdl_options(x)
     )
     return out
 

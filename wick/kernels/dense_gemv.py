@@ -18,8 +18,10 @@ DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    """Where PDL the first step's weights load while the kernel before ends (nothing writes weights), x only after
-    it has."""
+    """Where PDL (pdl.py) the first step's weights load while the kernel before ends (nothing writes weights), x
+    only after it has."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     w_rows = w_ptr + tl.where(n_mask, rows, 0).to(tl.int64)[:, None] * stride_wn

@@ -61,6 +61,8 @@ def _gate_up_kernel(x_ptr, w_ptr, ids_ptr, out_ptr, inter, stride_xm, stride_we,
 def _down_kernel(mid_ptr, w_ptr, ids_ptr, weights_ptr, out_ptr, N, stride_we, stride_wn, K: tl.constexpr,
                  TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     """out[t, n] = sum over j of weights[p] * (mid[p] . W_e[n]), p = t * TOP_K + j, e = ids[p]."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N

@@ -111,6 +111,8 @@ def _fp8_gemv_kernel(
     columns take theirs). Row m reads row m // X_ROW_DIV of x; EXPERTS: W and the scales of expert experts[m] of
     stacked [E, N, K] ones (MoE experts, a (token, expert) pair a row). Where PDL (pdl.py) the first step's
     weights load while the kernel before ends."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(0)
     if EXPERTS:
         expert = tl.load(experts_ptr + m).to(tl.int64)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.kv_cache_write import as_storable
-from wick.kernels.pdl import uses_pdl
+from wick.kernels.pdl import pdl_options
 
 LOG2E = 1.4426950408889634
 # Keys a split covers at least. At batch 1 an H100 runs a 640-key context in 19.0 us with 2 splits and in
@@ -89,7 +89,11 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # pdl.py
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -170,10 +174,11 @@ def _paged_attention_kernel(
 def _combine_splits_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
-    if LAUNCH_DEPENDENTS:  # the output projection's GEMV loads its weights meanwhile (pdl.py)
+    if PDL:  # pdl.py
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0)
     head = tl.program_id(1)
     if token >= tl.load(query_start_loc_ptr + num_reqs):
@@ -285,13 +290,13 @@ def paged_attention(
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, REQ_CHUNK=128,
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4,
+        num_warps=4, **pdl_options(q),
     )
     if split:
         _combine_splits_kernel[(num_tokens, num_heads)](
             out, part_acc, part_m, part_l, query_start_loc, num_reqs, num_splits,
             out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), LAUNCH_DEPENDENTS=uses_pdl(out),
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), **pdl_options(out),
         )
     return out
 

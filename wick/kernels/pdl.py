@@ -1,7 +1,13 @@
 """Programmatic dependent launch (Hopper and later). A kernel launched with it (`launch_pdl=True`) may start
 while the kernel before it ends: it must wait (`gdc_wait`) before it reads or writes memory that kernel touches,
-and may load what no kernel writes (weights) before that. A kernel that calls `gdc_launch_dependents` at its
-start lets such a successor launch at once instead of when it ends."""
+and may load what no kernel writes (weights) before that. A kernel that calls `gdc_launch_dependents` lets such a
+successor launch at once instead of when it ends.
+
+The kernels of a decode step take part through one constexpr, PDL (set by pdl_options): each lets its successor
+launch at its start and waits before it touches memory another kernel writes, in every program, before it ends.
+So a kernel that has waited may read what any kernel before it wrote: the one before it has ended, and that one
+ended only after its own wait. A successor's programs launch once every program of the kernel has started, so
+they take no SM from it."""
 
 from __future__ import annotations
 

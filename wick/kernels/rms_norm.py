@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import uses_pdl
+from wick.kernels.pdl import pdl_options
 
 # elements one program normalizes: small rows (per-head q/k norms) are packed several to a program
 _ELEMENTS_PER_PROGRAM = 2048
@@ -34,10 +34,11 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, x_weight_ptr,
     num_rows, heads, stride_xt, stride_xh, stride_xd, stride_rt, stride_rh, stride_rd, eps, x_eps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    X_NORM: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
+    X_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
-    if LAUNCH_DEPENDENTS:  # the GEMV after a layer's norm loads its weights meanwhile (pdl.py)
+    if PDL:  # pdl.py
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < D)[None, :]
@@ -76,8 +77,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         x3, r3, weight, out, x_weight,
         num_rows, heads, *x3.stride(), *r3.stride(), eps, x_eps,
         D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None, X_NORM=x_norm is not None,
-        LAUNCH_DEPENDENTS=uses_pdl(x),
-        num_warps=min(16, max(1, block_rows * block_d // 256)),
+        num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x),
         # a product and the sum after its rounding contracted into one fma would skip the rounding the
         # unfused kernels make (16% of a bf16 residual's elements differed on an H100 with contraction on)
         enable_fp_fusion=False,

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.kv_cache_write import FP8_DTYPES, KVCacheTarget, to_cache_values
+from wick.kernels.pdl import pdl_options
 
 
 @triton.jit
@@ -72,7 +73,11 @@ def _rotary_kernel(
     stride_k_slot, stride_v_slot,
     NUM_Q_HEADS: tl.constexpr, Q_HEADS_PAD: tl.constexpr, NUM_K_HEADS: tl.constexpr, K_HEADS_PAD: tl.constexpr,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # pdl.py
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF_PAD)
@@ -138,7 +143,7 @@ def rotary_embedding(
         WRITE_CACHE=cache is not None, FP8=k_cache.dtype in FP8_DTYPES,
         num_warps=min(8, triton.next_power_of_2(max(1, heads_pad * head_size // 1024))),
         # a multiply-subtract contracted into one fma would round once where torch rounds twice
-        enable_fp_fusion=False,
+        enable_fp_fusion=False, **pdl_options(q),
     )
     return q_out, k_out
 

@@ -10,17 +10,18 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import uses_pdl
+from wick.kernels.pdl import pdl_options
 
 
 @triton.jit
 def _topk_routing_kernel(
     logits_ptr, bias_ptr, weights_ptr, ids_ptr, num_experts, stride_l, scaling,
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-    SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
+    SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, PDL: tl.constexpr,
 ):
-    if LAUNCH_DEPENDENTS:  # the experts' gate/up GEMV launches meanwhile, and waits (pdl.py, expert_gemv.py)
+    if PDL:  # pdl.py
         tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     valid = experts < num_experts
@@ -69,8 +70,7 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, renormalize: bool, sco
         num_experts, router_logits.stride(0), routed_scaling_factor,
         TOP_K=top_k, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_K=triton.next_power_of_2(top_k),
         SOFTMAX=scoring == "softmax", HAS_BIAS=correction_bias is not None, RENORMALIZE=renormalize,
-        LAUNCH_DEPENDENTS=uses_pdl(router_logits),
         # each of the 3 * top_k reductions over a row is a barrier-free warp shuffle within one warp
-        num_warps=max(1, min(4, triton.next_power_of_2(num_experts) // 512)),
+        num_warps=max(1, min(4, triton.next_power_of_2(num_experts) // 512)), **pdl_options(router_logits),
     )
     return weights, ids
