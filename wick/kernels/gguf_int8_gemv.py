@@ -16,6 +16,7 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
 from wick.kernels.int8_activations import DP4A, byte_perm, dp4a, dp4a_signed, quantize_q8
+from wick.kernels.pdl import pdl_options
 from wick.loader.gguf_dequant import IQ4_LEVELS
 
 T = GGMLQuantizationType
@@ -102,11 +103,15 @@ def iq4_level_bytes(codes, DP4A: tl.constexpr):
 
 @triton.jit
 def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.constexpr, EXPERTS: tl.constexpr,
-               X_ROW_DIV: tl.constexpr):
+               X_ROW_DIV: tl.constexpr, PDL: tl.constexpr):
     """What an int8 GEMV program works on: W, its row of x's codes as int32 words, the index of that row's first
     run of 32, and its BLOCK_N rows of W with their mask. Output row program_id(0) takes x's row of the same
     index; where EXPERTS the output rows are (token, expert) pairs instead, W the pair's expert (experts_ptr[pair],
-    expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV)."""
+    expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV). Where PDL (pdl.py) the kernel lets its
+    successor launch and waits for x's codes (and the experts' ids) first."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     pair = tl.program_id(0).to(tl.int64)
     if EXPERTS:
         w_ptr += tl.load(experts_ptr + pair).to(tl.int64) * expert_bytes
@@ -120,7 +125,7 @@ def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.const
 def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                       M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
                       BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                      EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, FIFTH_BIT: tl.constexpr):
+                      EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, FIFTH_BIT: tl.constexpr, PDL: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_K W (Q5_K where
     FIFTH_BIT), BLOCK_B blocks a step; the blocks read as int32 words (0: d, dmin; 1-3: the scales; Q5_K's 4-11:
     the fifth bits; then the low four bits in 32 words). Low-bits word 8j + i holds in byte b the elements
@@ -131,7 +136,7 @@ def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_p
     program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py). EXPERTS and
     X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
+                                                    EXPERTS, X_ROW_DIV, PDL)
     words = w_ptr.to(tl.pointer_type(tl.int32))
     block_words: tl.constexpr = 44 if FIFTH_BIT else 36
     low_bits: tl.constexpr = 12 if FIFTH_BIT else 4
@@ -174,7 +179,7 @@ def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_p
 def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                          M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
                          BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, PDL: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q6_K W, BLOCK_B blocks a
     step. A 210-byte block is 2-byte aligned, so its words are read as pairs of 16-bit halves. Element
     128h + 32(2 p2 + p1) + 4i + b takes its low four bits from byte b of word 16h + 8p1 + i of ql (nibble p2)
@@ -184,7 +189,7 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
     x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and
     X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
+                                                    EXPERTS, X_ROW_DIV, PDL)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None, None]
     two = tl.arange(0, 2)
@@ -224,7 +229,7 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
 def _q2_q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                             M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
                             BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                            EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, Q2_K: tl.constexpr):
+                            EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, Q2_K: tl.constexpr, PDL: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q3_K W (Q2_K where Q2_K),
     BLOCK_B blocks a step. A 110-byte Q3_K block (hmask[32], qs[64], 12 bytes of 6-bit scales, fp16 d) and an
     84-byte Q2_K block (16 bytes of 4-bit scales and mins, qs[64], fp16 d and dmin) are 2-byte aligned, so their
@@ -235,7 +240,7 @@ def _q2_q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr
     its scale byte's low nibble sc and high one m: m times the group's sum of x comes off. Where SPLIT, program
     (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
+                                                    EXPERTS, X_ROW_DIV, PDL)
     block_halves: tl.constexpr = 42 if Q2_K else 55
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None]
@@ -285,14 +290,14 @@ def _q2_q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr
 def _q8_0_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                          M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
                          BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+                         EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, PDL: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q8_0 W, BLOCK_B groups of
     eight blocks (256 columns) a step. A 34-byte block (fp16 d, 32 int8 codes) is 2-byte aligned, so its code words
     are read as pairs of 16-bit halves. dp4a takes unsigned codes: q + 128 (the sign bit flipped), and 128 times
     the run's sum of x (xs) comes back off. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS groups from group
     s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
+                                                    EXPERTS, X_ROW_DIV, PDL)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_halves
     j = tl.arange(0, 8)
@@ -327,7 +332,7 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
                           M, N, K, row_halves, SPLIT_BLOCKS, SPLITS, stride_om,
                           BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
                           EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, BLOCK_HALVES: tl.constexpr,
-                          HAS_MIN: tl.constexpr, FIFTH_BIT: tl.constexpr, LEVELS: tl.constexpr):
+                          HAS_MIN: tl.constexpr, FIFTH_BIT: tl.constexpr, LEVELS: tl.constexpr, PDL: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of Q4_0 W (Q4_1 where HAS_MIN,
     Q5_0 where FIFTH_BIT, Q5_1 where both, IQ4_NL where LEVELS), BLOCK_B groups of eight 32-value blocks a step. A
     block (fp16 d, Q4_1's and Q5_1's fp16 m, Q5's 32 fifth bits, then 16 bytes of codes) is BLOCK_HALVES 16-bit
@@ -337,7 +342,7 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
     on; IQ4_NL is w = d IQ4_LEVELS[q], the levels signed bytes for dp4a. Where SPLIT, program (.., .., s) takes
     SPLIT_BLOCKS groups from group s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
+                                                    EXPERTS, X_ROW_DIV, PDL)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     codes_at: tl.constexpr = BLOCK_HALVES - 8
     offset: tl.constexpr = 0.0 if HAS_MIN else 16.0 if FIFTH_BIT else 8.0
@@ -379,7 +384,7 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
 def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                            M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
                            BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
-                           EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr):
+                           EXPERTS: tl.constexpr, X_ROW_DIV: tl.constexpr, PDL: tl.constexpr):
     """x @ W^T for one row of x, quantized by _quantize_q8_kernel, and BLOCK_N rows of IQ4_XS W, BLOCK_B blocks a
     step. A 136-byte block reads as int32 words: word 0 holds fp16 d and the 2-bit high parts of the eight 6-bit
     scales, word 1 their low nibbles, then sub-block s (32 elements) is words 2 + 4s .. 5 + 4s, IQ4_NL's 16 bytes
@@ -387,7 +392,7 @@ def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr,
     Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV
     as in _gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV)
+                                                    EXPERTS, X_ROW_DIV, PDL)
     words = w_ptr.to(tl.pointer_type(tl.int32))
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
     sub = tl.arange(0, 8)
@@ -434,7 +439,7 @@ def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizatio
         out if experts is None else experts, 0 if experts is None else data.stride(0), m, n, k,
         data.stride(-2) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
         BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, EXPERTS=experts is not None, X_ROW_DIV=x_row_div,
-        num_warps=warps, **options)
+        num_warps=warps, **options, **pdl_options(x))
 
 
 def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:

@@ -62,7 +62,11 @@ def byte_perm(a, b, selector, DP4A: tl.constexpr):
 def _quantize_q8_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, CHUNKS: tl.constexpr, INTERLEAVE: tl.constexpr):
     """CHUNKS runs of one row of x: codes, d and d * sum(codes) per run. INTERLEAVE stores each eight codes
     as the even ones then the odd ones, so that a word of eight 4-bit weights (GPTQ's) meets x's codes in two
-    dp4a: its low nibbles against the first four, its high nibbles against the last."""
+    dp4a: its low nibbles against the first four, its high nibbles against the last.
+
+    Launched without PDL (pdl.py), so the int8 GEMV after it launches only once the kernels before have ended:
+    its programs, one wave sized to the SMs, launched into a busy GPU would crowd onto the SMs left free (Llama-
+    3.1-8B in Q4_K at batch 1 fell from 1.71x to 1.29x bf16, docs/benchmarks.md, session 21)."""
     row = tl.program_id(0).to(tl.int64)
     runs = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
     e = tl.arange(0, 32)

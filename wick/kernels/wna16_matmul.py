@@ -16,6 +16,7 @@ import triton.language as tl
 
 from wick.kernels.gemv_split import SplitK, store_split_output
 from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
+from wick.kernels.pdl import pdl_options
 
 
 def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -196,7 +197,7 @@ def _w4a8_gemv_kernel(
     xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, M, N, K,
     GROUP, SPLIT_STEPS, SPLITS, stride_om, stride_qe, stride_se,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr, X_ROW_DIV: tl.constexpr,
-    EXPERTS: tl.constexpr,
+    EXPERTS: tl.constexpr, PDL: tl.constexpr,
 ):
     """One row of x, rounded to int8 and interleaved by quantize_q8, against BLOCK_N columns of 4-bit W whose
     groups are contiguous and hold whole steps (GROUP a multiple of BLOCK_K). A word's low nibbles (its even
@@ -204,6 +205,9 @@ def _w4a8_gemv_kernel(
     integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Where SPLIT,
     program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py). Output row m reads row
     m // X_ROW_DIV of x; EXPERTS: W, its scales and zero points those of expert experts[m] of stacked ones."""
+    if PDL:  # pdl.py
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
     WORDS: tl.constexpr = BLOCK_K // 8
     m = tl.program_id(0)
     if EXPERTS:
@@ -310,7 +314,8 @@ def _gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
         _w4a8_gemv_kernel[(*grid, split.splits)](
             xq, xd, xs, qweight, scales, zeros, out, split.work, split.counts, experts if stacked else out, m, n, k,
             group, split.steps, split.splits, out.stride(0), *expert_strides, BLOCK_N=block_n, BLOCK_K=step,
-            SPLIT=split.splits > 1, DP4A=DP4A, X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps)
+            SPLIT=split.splits > 1, DP4A=DP4A, X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps,
+            **pdl_options(x2))
         return
     _wna16_gemv_kernel[grid](
         x2, qweight, scales, zeros, out, experts if stacked else out, n, k, group, x2.stride(0), out.stride(0),
