@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 _BLOCK = 1024
 _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
@@ -20,9 +20,7 @@ _ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 @triton.jit
 def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr,
                         PDL: tl.constexpr):
-    if PDL:  # pdl.py
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < features

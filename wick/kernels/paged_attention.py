@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.kv_cache_write import as_storable
-from wick.kernels.pdl import pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 LOG2E = 1.4426950408889634
 # Keys a split covers at least. At batch 1 an H100 runs a 640-key context in 19.0 us with 2 splits and in
@@ -91,9 +91,7 @@ def _paged_attention_kernel(
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    pdl_prologue(PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -176,9 +174,7 @@ def _combine_splits_kernel(
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    pdl_prologue(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
     if token >= tl.load(query_start_loc_ptr + num_reqs):

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 # elements one program normalizes: small rows (per-head q/k norms) are packed several to a program
 _ELEMENTS_PER_PROGRAM = 2048
@@ -36,9 +36,7 @@ def _rms_norm_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     X_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    pdl_prologue(PDL)
     rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < D)[None, :]

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.kv_cache_write import FP8_DTYPES, KVCacheTarget, to_cache_values
-from wick.kernels.pdl import pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 
 @triton.jit
@@ -75,9 +75,7 @@ def _rotary_kernel(
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr, WRITE_CACHE: tl.constexpr, FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    pdl_prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF_PAD)

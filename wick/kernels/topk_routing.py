@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 
 @triton.jit
@@ -19,9 +19,7 @@ def _topk_routing_kernel(
     TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
     SOFTMAX: tl.constexpr, HAS_BIAS: tl.constexpr, RENORMALIZE: tl.constexpr, PDL: tl.constexpr,
 ):
-    if PDL:  # pdl.py
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
+    pdl_prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     valid = experts < num_experts
