@@ -1,9 +1,10 @@
 """The quantized GEMV kernels (one row of x: a decode step of one request) and the Triton GEMV over bf16 weights
-(`dense`) against bf16's x @ W^T (cuBLAS), at the linear layers of a model's shape, inside CUDA graphs:
-microseconds, GB/s of the weights' bytes and the share of the copy bandwidth. Each layer runs over copies of its
-weights that together exceed the L2 cache several times, in turn, as a decode step meets them: from memory, not
-from L2. `--sweep` times every (rows or columns per program, step, warps[, warps an SM that splitting K aims at])
-of each kernel and names the one with the least time over the layers (the defaults in wick/kernels/).
+(`dense`; `dense_silu`: gated, a layer's rows as gate and up) against bf16's x @ W^T (cuBLAS), at the linear
+layers of a model's shape, inside CUDA graphs: microseconds, GB/s of the weights' bytes and the share of the copy
+bandwidth. Each layer runs over copies of its weights that together exceed the L2 cache several times, in turn, as
+a decode step meets them: from memory, not from L2. `--sweep` times every (rows or columns per program, step,
+warps[, warps an SM that splitting K aims at]) of each kernel and names the one with the least time over the layers
+(the defaults in wick/kernels/).
 
     python -m benchmarks.kernels.bench_quant_gemv [--model llama-3.1-8b] [--lm-head]
         [--formats q4_k,gptq,fp8,dense,...] [--sweep] [--json FILE]
@@ -50,11 +51,15 @@ SWEEPS = {
     "dense": [None] + [c for c in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [2, 4, 8])
               if c[0] * c[1] <= 64 * 32 * c[2]],
 }
+# The gated GEMV reads twice a config's rows.
+SWEEPS["dense_silu"] = [None] + [c for c in SWEEPS["dense"][1:] if 2 * c[0] * c[1] <= 64 * 32 * c[2]] + [
+    (1, 1024, 4), (1, 2048, 4), (1, 2048, 8)]
 # The float GEMV's shapes (an older tree's types without an int8 GEMV), and for the types without a sweep above.
 FLOAT_SWEEP = list(itertools.product([8, 16, 32, 64], [1, 2], [2, 4, 8], [0, 16, 32]))
 # A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
 # an older tree's kernels).
-DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG, "dense": None}
+DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG, "dense": None,
+            "dense_silu": None}
 
 
 def layer_shapes(model: str, lm_head: bool) -> list[tuple[str, int, int]]:
@@ -86,9 +91,10 @@ def _bf16(n: int, k: int) -> tuple[Callable, int]:
     return lambda x, config: torch.matmul(x, weight.t()), weight.numel() * 2
 
 
-def _dense(n: int, k: int) -> tuple[Callable, int]:
+def _dense(n: int, k: int, activation: str | None = None) -> tuple[Callable, int]:
+    """The float GEMV; with `activation`, over the layer's rows as gate and up halves, writing act(gate) * up."""
     weight = torch.randn(n, k, dtype=torch.bfloat16, device="cuda")
-    return lambda x, config: dense_gemv(x, weight, config=config), weight.numel() * 2
+    return lambda x, config: dense_gemv(x, weight, config=config, activation=activation), weight.numel() * 2
 
 
 def _gguf(qtype: GGMLQuantizationType, n: int, k: int) -> tuple[Callable, int]:
@@ -116,7 +122,8 @@ def _fp8(n: int, k: int, block: tuple[int, int] | None = None) -> tuple[Callable
 
 
 # Any other format names a GGUF type (q5_0, q3_k, ...): its int8 GEMV where it has one, else the float GEMV.
-MAKERS = {"gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128)), "dense": _dense}
+MAKERS = {"gptq": _gptq, "fp8": _fp8, "fp8_block": partial(_fp8, block=(128, 128)), "dense": _dense,
+          "dense_silu": partial(_dense, activation="silu")}
 
 
 def _cold(make: Callable[[int, int], tuple[Callable, int]], n: int, k: int) -> tuple[Callable, int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from wick.kernels.dense_gemv import DENSE_GEMV_CONFIGS, dense_gemv
 
@@ -39,6 +40,30 @@ def test_bias(dtype: torch.dtype) -> None:
 def test_default_configs(least_k: int) -> None:
     """Each default shape past a whole step, and x with leading dimensions [1, 1]."""
     _check(48, least_k + 1100, torch.bfloat16, leading=(1, 1))
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh", "gelu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("config", [(4, 64, 2), (1, 128, 1)], ids=str)
+def test_gated(activation: str, dtype: torch.dtype, config: tuple[int, int, int]) -> None:
+    """A merged gate/up layer's rows (37 of each, past the last whole tile) with bias -> act(gate) * up."""
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(74, 300, generator=g).to(DEVICE, dtype)
+    b = torch.randn(74, generator=g).to(DEVICE, dtype)
+    x = torch.randn(1, 300, generator=g).to(DEVICE, dtype)
+    gate, up = (x.double() @ weight.double().t() + b.double()).chunk(2, dim=-1)
+    if activation == "silu":
+        expected = F.silu(gate) * up
+    else:
+        expected = F.gelu(gate, approximate="tanh" if activation == "gelu_tanh" else "none") * up
+    out = dense_gemv(x, weight, b, config, activation=activation)
+    assert out.dtype == dtype and out.shape == (1, 37)
+    torch.testing.assert_close(out.double(), expected, atol=2 * TOLERANCE[dtype] * expected.abs().max().item(), rtol=0)
+
+
+def test_gated_odd_rows() -> None:
+    with pytest.raises(ValueError, match="even number of rows"):
+        dense_gemv(torch.ones(1, 8, device=DEVICE), torch.ones(7, 8, device=DEVICE), activation="silu")
 
 
 @pytest.mark.gpu

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from wick.layers.activation import SiluAndMul
+from wick.layers.activation import GeluAndMul, SiluAndMul
 from wick.layers.linear import (
     ColumnParallelLinear,
     MergedColumnParallelLinear,
@@ -46,6 +46,22 @@ def test_merged_column_and_row() -> None:
     x = torch.randn(3, 16)
     expected = F.linear(F.silu(x @ gate.T) * (x @ up.T), down_w, down_b)
     torch.testing.assert_close(down(SiluAndMul()(gate_up(x))), expected)
+
+
+@pytest.mark.parametrize("act_fn", [SiluAndMul(), GeluAndMul("tanh")], ids=["silu", "gelu_tanh"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_merged_column_gated(device: str, act_fn: torch.nn.Module) -> None:
+    """gate_up.gated(x, act_fn) is act_fn(gate_up(x)): on a GPU at one bf16 row, the gated GEMV in one kernel."""
+    torch.manual_seed(0)
+    gate_up = MergedColumnParallelLinear(256, [96, 96], bias=True).to(device, torch.bfloat16)
+    load(gate_up.weight, torch.randn(96, 256), 0)
+    load(gate_up.weight, torch.randn(96, 256), 1)
+    load(gate_up.bias, torch.randn(96), 0)
+    load(gate_up.bias, torch.randn(96), 1)
+    x = torch.randn(1, 256, device=device, dtype=torch.bfloat16)
+    expected = act_fn(gate_up(x))
+    torch.testing.assert_close(gate_up.gated(x, act_fn), expected, atol=0.02 * expected.abs().max().item(), rtol=0)
 
 
 def test_column_parallel() -> None:

@@ -14,18 +14,16 @@ import triton.language as tl
 from wick.kernels.pdl import pdl_options, pdl_prologue
 
 _BLOCK = 1024
-_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
+# The activations by name (the gated kernels' ACT values).
+ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr):
-    pdl_prologue(PDL)
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < features
-    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + features + cols, mask=mask, other=0.0).to(tl.float32)
+def gated_activation(gate, up, ACT: tl.constexpr):
+    """act(gate) * up in float32 from gate and up in a float dtype, act rounded to that dtype first (as
+    wick.layers.activation does); ACT an ACTIVATIONS value."""
+    dtype = gate.dtype
+    gate = gate.to(tl.float32)
     if ACT == 0:
         act = gate / (1.0 + tl.exp(-gate))
     elif ACT == 1:
@@ -36,8 +34,20 @@ def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, B
         act = 0.5 * gate * (1.0 + tl.where(y < 0, -tanh_abs, tanh_abs))
     else:
         act = 0.5 * gate * (1.0 + tl.erf(gate * 0.7071067811865476))
-    act = act.to(x_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * features + cols, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+    return act.to(dtype).to(tl.float32) * up.to(tl.float32)
+
+
+@triton.jit
+def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr,
+                        PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < features
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    up = tl.load(x_ptr + row * stride_x + features + cols, mask=mask, other=0.0)
+    out = gated_activation(gate, up, ACT)
+    tl.store(out_ptr + row * features + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -51,7 +61,7 @@ def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
     if rows.shape[0] == 0:
         return out
     _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
-        rows, out, rows.stride(0), features, ACT=_ACTIVATIONS[activation], BLOCK=_BLOCK,
+        rows, out, rows.stride(0), features, ACT=ACTIVATIONS[activation], BLOCK=_BLOCK,
         num_warps=4, **pdl_options(x)
     )
     return out

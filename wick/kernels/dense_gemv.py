@@ -1,6 +1,8 @@
 """x @ W^T (+ b) for one row of x and W in a float dtype, a batch-1 decode step's linear layer: BLOCK_N rows of W
 a program, BLOCK_K columns a step, the products summed in float32. At batch 1 it is 1.07-1.8x faster than cuBLAS
-at every layer of four models' shapes (docs/benchmarks.md, session 20); splitting K was no faster at any."""
+at every layer of four models' shapes (docs/benchmarks.md, session 20); splitting K was no faster at any. Over a
+merged gate/up projection it writes act(gate) * up itself, so no activation kernel runs between it and the down
+projection."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.activation import ACTIVATIONS, gated_activation
 from wick.kernels.pdl import pdl_options
 
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
@@ -17,14 +20,20 @@ DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
 
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, PDL: tl.constexpr):
-    """Where PDL (pdl.py) the first step's weights load while the kernel before ends (nothing writes weights), x
-    only after it has."""
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
+                       PDL: tl.constexpr):
+    """Where ACT >= 0 W holds 2N rows, gate rows then up rows, and the program takes BLOCK_N rows of each and
+    writes act(gate) * up (activation.gated_activation, gate and up rounded to x's dtype first as a GEMV and the
+    activation kernel after it would). Where PDL (pdl.py) the first step's weights load while the kernel before
+    ends (nothing writes weights), x only after it has."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    halves: tl.constexpr = 2 if ACT >= 0 else 1
+    local = tl.arange(0, halves * BLOCK_N)
+    rows = tl.program_id(0) * BLOCK_N + local % BLOCK_N
     n_mask = rows < N
-    w_rows = w_ptr + tl.where(n_mask, rows, 0).to(tl.int64)[:, None] * stride_wn
+    w_index = tl.where(n_mask, rows, 0) + local // BLOCK_N * N
+    w_rows = w_ptr + w_index.to(tl.int64)[:, None] * stride_wn
     ks = tl.arange(0, BLOCK_K)
     w = tl.load(w_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
     if PDL:
@@ -39,19 +48,32 @@ def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     total = tl.sum(acc, axis=1)
     if HAS_BIAS:
-        total += tl.load(bias_ptr + rows, mask=n_mask, other=0.0).to(tl.float32)
+        total += tl.load(bias_ptr + w_index, mask=n_mask, other=0.0).to(tl.float32)
+    if ACT >= 0:
+        dtype = out_ptr.dtype.element_ty
+        gate, up = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_N]), [1, 0]))
+        total = gated_activation(gate.to(dtype), up.to(dtype), ACT)
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = rows < N
     tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               config: tuple[int, int, int] | None = None) -> torch.Tensor:
+               config: tuple[int, int, int] | None = None, activation: str | None = None) -> torch.Tensor:
     """x [..., K] holding one row @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype; weight's rows
-    contiguous. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and tests; None picks them."""
+    contiguous. activation: an activation.ACTIVATIONS name: weight (and bias) hold gate rows then up rows, and
+    the result is act(gate) * up, [..., N / 2]. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and
+    tests; None picks them."""
     n, k = weight.shape
+    act = -1 if activation is None else ACTIVATIONS[activation]
+    if act >= 0:
+        if n % 2:
+            raise ValueError(f"a gated GEMV needs an even number of rows (gate, up), got {n}")
+        n //= 2
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, num_warps=warps, **pdl_options(x))
+        HAS_BIAS=bias is not None, ACT=act, num_warps=warps, **pdl_options(x))
     return out.reshape(*x.shape[:-1], n)

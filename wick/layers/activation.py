@@ -10,6 +10,8 @@ from torch import nn
 class SiluAndMul(nn.Module):
     """[..., 2d] (gate, up side by side) -> silu(gate) * up, [..., d]."""
 
+    kernel_name = "silu"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
@@ -26,6 +28,7 @@ class GeluAndMul(nn.Module):
     def __init__(self, approximate: str = "tanh") -> None:
         super().__init__()
         self.approximate = approximate
+        self.kernel_name = "gelu_tanh" if approximate == "tanh" else "gelu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda:

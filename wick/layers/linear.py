@@ -139,6 +139,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def shard_index(self, shard_id: int | str | None) -> int:
         return int(shard_id)  # type: ignore[arg-type]
 
+    def gated(self, x: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
+        """act_fn (wick.layers.activation's) over this layer's two outputs, gate and up: in one kernel where the
+        weights' method has one for x, else the layer then act_fn."""
+        out = self.quant_method.apply_gated(self, x, self.bias, act_fn.kernel_name)
+        return act_fn(self.forward(x)) if out is None else out
+
 
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections side by side, split by heads; shard ids "q", "k", "v".

@@ -76,6 +76,12 @@ class LinearMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """y = x W^T (+ bias) for x of shape [..., input_size]."""
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                    activation: str) -> torch.Tensor | None:
+        """act(gate) * up of a layer whose output rows are gate's then up's, in one kernel, where the method has
+        one for x (`activation` a wick.kernels.activation.ACTIVATIONS name); None where it has not."""
+        return None
+
 
 def set_weight_attrs(param: nn.Parameter, **attrs: Any) -> nn.Parameter:
     """Tag a parameter for the layer's weight loader.

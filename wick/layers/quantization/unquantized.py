@@ -9,11 +9,16 @@ from torch import nn
 from wick.layers.quantization.base import LinearMethod, set_weight_attrs
 
 
+def runs_dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether x @ W^T runs the Triton GEMV: one row of x in half precision on a GPU, where it reads W faster than
+    cuBLAS (wick/kernels/dense_gemv.py)."""
+    return (x.is_cuda and x.numel() == weight.shape[1] and x.dtype == weight.dtype
+            and x.dtype in (torch.bfloat16, torch.float16) and weight.stride(1) == 1)
+
+
 def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear; for one row of x in half precision on a GPU, the Triton GEMV, which reads W faster than cuBLAS
-    there (wick/kernels/dense_gemv.py)."""
-    if (x.is_cuda and x.numel() == weight.shape[1] and x.dtype == weight.dtype
-            and x.dtype in (torch.bfloat16, torch.float16) and weight.stride(1) == 1):
+    """F.linear, or the Triton GEMV where it runs."""
+    if runs_dense_gemv(x, weight):
         from wick.kernels.dense_gemv import dense_gemv
 
         return dense_gemv(x, weight, bias)
@@ -28,3 +33,11 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias)
+
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                    activation: str) -> torch.Tensor | None:
+        if not runs_dense_gemv(x, layer.weight):
+            return None
+        from wick.kernels.dense_gemv import dense_gemv
+
+        return dense_gemv(x, layer.weight, bias, activation=activation)
