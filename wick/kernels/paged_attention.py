@@ -6,7 +6,9 @@ tile read through the block table serves every query head of the group. A reques
 last query_len context positions (causal). Softmax is online, in fp32, in base 2.
 
 Split-KV: with num_splits > 1 each program covers one slice of its tile's keys and writes an
-unnormalised partial result with its running max and sum; _combine_splits_kernel merges them.
+unnormalised partial result with its running max and sum; _combine_splits_kernel merges them. The split count
+is fixed by max_seq_len (a CUDA graph's bound); the splits past a shorter context's keys end at once, and the
+combine reads only the splits that had keys.
 
 The launch reads no device values on the host: the grid depends only on q.shape[0], the number of
 requests, max_query_len and (through the split choice) max_seq_len, so a decode step can be captured
@@ -81,7 +83,7 @@ def _attend_tile(
 
 @triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, v_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -140,6 +142,8 @@ def _paged_attention_kernel(
     tiles_per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), num_splits)
     lo = kv_start + split * tiles_per_split * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
+    if SPLIT and lo >= hi:
+        return
     mid = tl.maximum(lo, tl.minimum(hi, full_end))
 
     k_ptr = k_cache_ptr + kv_head * stride_kh
@@ -162,6 +166,11 @@ def _paged_attention_kernel(
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc * v_scale, mask=row_valid[:, None])
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
+        if split == 0:
+            # the splits with keys: the combine reads theirs only
+            used = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), tiles_per_split)
+            tl.store(part_used_ptr + token * (tl.num_programs(1) * GROUP) + head, used + tl.zeros_like(head),
+                     mask=row_valid)
     else:
         out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
@@ -170,7 +179,7 @@ def _paged_attention_kernel(
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits"])
 def _combine_splits_kernel(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, query_start_loc_ptr, num_reqs, num_splits,
+    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh,
     HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -181,8 +190,9 @@ def _combine_splits_kernel(
         return
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, HEAD_DIM)
-    valid = splits < num_splits
-    part = (token.to(tl.int64) * tl.num_programs(1) + head) * num_splits + splits
+    row = token.to(tl.int64) * tl.num_programs(1) + head
+    valid = splits < tl.load(part_used_ptr + row)
+    part = row * num_splits + splits
     m = tl.load(part_m_ptr + part, mask=valid, other=float("-inf"))
     l_part = tl.load(part_l_ptr + part, mask=valid, other=0.0)
     acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None], other=0.0)
@@ -272,10 +282,11 @@ def paged_attention(
         part_acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_m = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
         part_l = torch.empty_like(part_m)
+        part_used = torch.empty(num_tokens, num_heads, dtype=torch.int32, device=q.device)
     else:
-        part_acc = part_m = part_l = out
+        part_acc = part_m = part_l = part_used = out
     _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_m, part_l,
+        q, k_cache, v_cache, out, part_acc, part_m, part_l, part_used,
         query_start_loc, seq_lens, block_tables,
         scale * k_scale if logits_soft_cap else scale * k_scale * LOG2E, v_scale, sliding_window or 0,
         logits_soft_cap or 0.0, num_reqs,
@@ -290,7 +301,7 @@ def paged_attention(
     )
     if split:
         _combine_splits_kernel[(num_tokens, num_heads)](
-            out, part_acc, part_m, part_l, query_start_loc, num_reqs, num_splits,
+            out, part_acc, part_m, part_l, part_used, query_start_loc, num_reqs, num_splits,
             out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), **pdl_options(out),
         )
