@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wick.kernels.fp8_matmul import FP8_TILE_CONFIGS, GEMV_MAX_ROWS, fp8_dequantize, fp8_matmul
+from wick.kernels.fp8_matmul import FP8_TILE_CONFIGS, GEMV_MAX_ROWS, fp8_dequantize, fp8_gemv, fp8_matmul
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
@@ -42,6 +42,20 @@ def test_tile_configs(block: tuple[int, int], config: tuple[int, int, int, int, 
                                                ((128, 128), (8, 256, 4))], ids=["in_tile", "per_row", "tile_split"])
 def test_gemv_configs(block: tuple[int, int], config: tuple[int, int, int]) -> None:
     _check(2, 40, 200, block, torch.float32, gemv_config=config)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("block", [(128, 128), (1, 200)], ids=["block128", "per_row"])
+def test_gemv_gated(rows: int, block: tuple[int, int]) -> None:
+    """Gate rows then up rows (80 each: the up rows start inside a 128-row scale tile) -> silu(gate) * up."""
+    g = torch.Generator().manual_seed(rows)
+    weight = torch.randn(160, 200, generator=g).clamp(-400, 400).to(torch.float8_e4m3fn).to(DEVICE)
+    scale = (torch.rand(-(-160 // block[0]), -(-200 // block[1]), generator=g) * 1e-3).to(DEVICE)
+    x = torch.randn(rows, 200, generator=g).to(DEVICE)
+    gate, up = (x @ fp8_dequantize(weight, scale, block).t()).chunk(2, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    out = fp8_gemv(x, weight, scale, block, "silu", gemv_config=(4, 64, 2))
+    torch.testing.assert_close(out, expected, atol=1e-5 * expected.abs().max().item(), rtol=1e-4)
 
 
 def test_half_precision() -> None:

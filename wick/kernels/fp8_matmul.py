@@ -9,6 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.activation import ACTIVATIONS, gated_activation
 from wick.kernels.gemv_split import fit_grid_rows
 from wick.kernels.pdl import pdl_options
 
@@ -104,13 +105,14 @@ def _fp8_gemv_kernel(
     x_ptr, w_ptr, scale_ptr, out_ptr, experts_ptr, N, K, stride_xm, stride_we, stride_wn, stride_se, stride_sn,
     stride_sk, stride_om,
     BLOCK_SN: tl.constexpr, BLOCK_SK: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUPS: tl.constexpr, X_ROW_DIV: tl.constexpr, EXPERTS: tl.constexpr, PDL: tl.constexpr,
+    GROUPS: tl.constexpr, X_ROW_DIV: tl.constexpr, EXPERTS: tl.constexpr, ACT: tl.constexpr, PDL: tl.constexpr,
 ):
     """Output row m against BLOCK_N rows of W, BLOCK_K columns a step: GROUPS scale tiles of BLOCK_K / GROUPS columns
     each (a tile a step: each row's sum over the step takes its scale once; several: the sums of each tile's
     columns take theirs). Row m reads row m // X_ROW_DIV of x; EXPERTS: W and the scales of expert experts[m] of
-    stacked [E, N, K] ones (MoE experts, a (token, expert) pair a row). Where PDL (pdl.py) the first step's
-    weights load while the kernel before ends."""
+    stacked [E, N, K] ones (MoE experts, a (token, expert) pair a row). Where ACT >= 0 W holds 2N rows, gate rows
+    then up rows, and the program takes BLOCK_N of each and writes act(gate) * up, as dense_gemv does. Where PDL
+    (pdl.py) the first step's weights load while the kernel before ends."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     m = tl.program_id(0)
@@ -118,9 +120,11 @@ def _fp8_gemv_kernel(
         expert = tl.load(experts_ptr + m).to(tl.int64)
         w_ptr += expert * stride_we
         scale_ptr += expert * stride_se
-    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    halves: tl.constexpr = 2 if ACT >= 0 else 1
+    local = tl.arange(0, halves * BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_N + local % BLOCK_N
     n_mask = rows < N
-    safe = tl.where(n_mask, rows, 0)
+    safe = tl.where(n_mask, rows, 0) + local // BLOCK_N * N
     ks = tl.arange(0, BLOCK_K)
     x_row = x_ptr + (m // X_ROW_DIV).to(tl.int64) * stride_xm
     scale_row = scale_ptr + (safe // BLOCK_SN) * stride_sn
@@ -128,12 +132,19 @@ def _fp8_gemv_kernel(
     w = tl.load(w_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    acc = _fp8_gemv_step(tl.zeros([BLOCK_N], dtype=tl.float32), w, x_row, scale_row, 0, ks, K, stride_sk, BLOCK_SK,
-                         BLOCK_N, BLOCK_K, GROUPS)
+    acc = _fp8_gemv_step(tl.zeros([halves * BLOCK_N], dtype=tl.float32), w, x_row, scale_row, 0, ks, K, stride_sk,
+                         BLOCK_SK, halves * BLOCK_N, BLOCK_K, GROUPS)
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
         w = tl.load(w_rows + k[None, :], mask=(k < K)[None, :], other=0.0)
-        acc = _fp8_gemv_step(acc, w, x_row, scale_row, k0, ks, K, stride_sk, BLOCK_SK, BLOCK_N, BLOCK_K, GROUPS)
+        acc = _fp8_gemv_step(acc, w, x_row, scale_row, k0, ks, K, stride_sk, BLOCK_SK, halves * BLOCK_N, BLOCK_K,
+                             GROUPS)
+    if ACT >= 0:
+        dtype = out_ptr.dtype.element_ty
+        gate, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N]), [1, 0]))
+        acc = gated_activation(gate.to(dtype), up.to(dtype), ACT)
+        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = rows < N
     tl.store(out_ptr + m.to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
@@ -189,18 +200,33 @@ def fp8_matmul(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block
                 BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
                 DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
             return out.reshape(*x.shape[:-1], n)
-    block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
-    block_n = fit_grid_rows(n, block_n)
-    steps = _gemv_steps(block, k, min(block_k, triton.next_power_of_2(k)))
-    if steps is not None:
-        _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
-            x2, weight, scale, out, out, n, k, x2.stride(0), 0, weight.stride(0), 0, *strides[2:],
-            BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=steps[0], GROUPS=steps[1], X_ROW_DIV=1,
-            EXPERTS=False, num_warps=warps, **pdl_options(x))
-    else:
+    if fp8_gemv(x2, weight, scale, block, out=out, gemv_config=gemv_config) is None:
         _fp8_row_kernel[(m, triton.cdiv(n, 32))](*args, n, k, *strides, BLOCK_SN=block[0], BLOCK_SK=block[1],
                                                  BLOCK_N=32, BLOCK_K=128)
     return out.reshape(*x.shape[:-1], n)
+
+
+def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
+             activation: str | None = None, out: torch.Tensor | None = None,
+             gemv_config: tuple[int, int, int] | None = None) -> torch.Tensor | None:
+    """x [M, K] (a unit last stride; a program a row) @ W^T -> [M, N] by the GEMV, as fp8_matmul's arguments;
+    None where it has no steps over `block` (fp8_matmul's row kernel runs those). activation: an
+    activation.ACTIVATIONS name: W's rows are gate rows then up rows, and the result act(gate) * up [M, N / 2]."""
+    m, k = x.shape
+    n = weight.shape[0] // (1 if activation is None else 2)
+    block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
+    block_n = fit_grid_rows(n, block_n)
+    steps = _gemv_steps(block, k, min(block_k, triton.next_power_of_2(k)))
+    if steps is None:
+        return None
+    if out is None:
+        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
+        x, weight, scale, out, out, n, k, x.stride(0), 0, weight.stride(0), 0, scale.stride(0), scale.stride(1),
+        out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=steps[0], GROUPS=steps[1],
+        X_ROW_DIV=1, EXPERTS=False, ACT=-1 if activation is None else ACTIVATIONS[activation], num_warps=warps,
+        **pdl_options(x))
+    return out
 
 
 # Rows per program, the most columns a step and warps of the expert GEMV; the step is the one of 256, 512 and 1,024
@@ -222,11 +248,13 @@ def runs_expert_gemv(block: tuple[int, int], k: int) -> bool:
 
 
 def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
-                    experts: torch.Tensor, x_row_div: int, gemv_config: tuple[int, int, int] | None = None
-                    ) -> torch.Tensor:
+                    experts: torch.Tensor, x_row_div: int, gemv_config: tuple[int, int, int] | None = None,
+                    activation: str | None = None) -> torch.Tensor:
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `weight` [E, N, K] in float8 with scales
-    [E, ceil(N / block[0]), ceil(K / block[1])], where runs_expert_gemv(block, K)."""
+    [E, ceil(N / block[0]), ceil(K / block[1])], where runs_expert_gemv(block, K); with `activation` (an
+    activation.ACTIVATIONS name) act(gate) * up [P, N / 2] of each expert's gate rows then up rows."""
     _, n, k = weight.shape
+    n //= 1 if activation is None else 2
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = gemv_config or EXPERT_GEMV_CONFIG
@@ -238,5 +266,6 @@ def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         _fp8_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
             x2, weight, scale, out, experts, n, k, x2.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
             scale.stride(1), scale.stride(2), out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n,
-            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True, PDL=False, num_warps=warps)
+            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True,
+            ACT=-1 if activation is None else ACTIVATIONS[activation], PDL=False, num_warps=warps)
     return out

@@ -9,7 +9,10 @@ from quantized_pair import assert_same_logits, build_ours, is_projection, refere
 from transformers import LlamaConfig
 
 from wick.kernels.fp8_matmul import fp8_dequantize
+from wick.layers.activation import SiluAndMul
+from wick.layers.linear import MergedColumnParallelLinear
 from wick.layers.quantization import resolve_quantization
+from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.fp8 import FP8_MAX, Fp8Config, quantize_rows
 
 
@@ -76,3 +79,20 @@ def test_in_situ_fp8() -> None:
 def test_bad_fp8_config(stored: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         resolve_quantization(None, "safetensors", LlamaConfig(quantization_config=stored))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gated_gate_up_on_gpu() -> None:
+    """A merged gate/up layer quantized in situ: at one bf16 row its gated GEMV gives SiLU-and-mul of its product."""
+    torch.manual_seed(0)
+    config = resolve_quantization("fp8", "safetensors", LlamaConfig())
+    with torch.device("cuda"), quantization_scope(config):
+        layer = MergedColumnParallelLinear(256, [96, 96])
+    for shard in (0, 1):
+        layer.weight.weight_loader(layer.weight, torch.randn(96, 256, device="cuda"), shard)
+    layer.quant_method.process_weights_after_loading(layer)
+    x = torch.randn(1, 256, device="cuda", dtype=torch.bfloat16)
+    expected = SiluAndMul()(layer(x))
+    torch.testing.assert_close(layer.gated(x, SiluAndMul()), expected, atol=0.02 * expected.abs().max().item(),
+                               rtol=0)

@@ -143,7 +143,6 @@ def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_wei
     """fused_experts (wick/kernels/fused_moe.py) over fp8 experts, on a GPU. path (for benchmarks; None picks the
     first that runs): "gemv", the fp8 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an
     expert; "tiles", the fused MoE kernel."""
-    from wick.kernels.activation import silu_and_mul
     from wick.kernels.fp8_matmul import fp8_expert_gemv, runs_expert_gemv
     from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
 
@@ -158,6 +157,6 @@ def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_wei
         return fused_experts(x, w13.data, w2.data, topk_weights, topk_ids, w13_scales=w13.scales,
                              w2_scales=w2.scales)
     ids = topk_ids.flatten()
-    gate_up = fp8_expert_gemv(x, w13.data, w13.scale, w13.block, ids, top_k)
-    down = fp8_expert_gemv(silu_and_mul(gate_up), w2.data, w2.scale, w2.block, ids, 1)
+    mid = fp8_expert_gemv(x, w13.data, w13.scale, w13.block, ids, top_k, activation="silu")
+    down = fp8_expert_gemv(mid, w2.data, w2.scale, w2.block, ids, 1)
     return sum_pairs(down, top_k, topk_weights.float())

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from wick.kernels.fp8_matmul import fp8_dequantize, scales_per_row
+from wick.kernels.fp8_matmul import GEMV_MAX_ROWS, fp8_dequantize, scales_per_row
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
@@ -66,6 +66,11 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = weight.float()
     scale = (w.abs().amax(1, keepdim=True) / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
     return (w / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
+
+
+def _fp8_gpu(x: torch.Tensor) -> bool:
+    """Whether x's GPU runs the fp8 kernels (compute capability 8.9 and later convert fp8 in hardware)."""
+    return torch.cuda.get_device_capability(x.device) >= (8, 9)
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, **attrs: Any) -> nn.Parameter:
@@ -141,9 +146,18 @@ class Fp8LinearMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return [layer.fp8_scale]
 
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                    activation: str) -> torch.Tensor | None:
+        if bias is not None or not (x.is_cuda and x.numel() <= GEMV_MAX_ROWS * x.shape[-1] and _fp8_gpu(x)):
+            return None
+        from wick.kernels.fp8_matmul import fp8_gemv
+
+        x2 = x.reshape(-1, x.shape[-1]).contiguous()
+        out = fp8_gemv(x2, layer.weight, layer.fp8_scale, layer.fp8_block, activation)
+        return None if out is None else out.reshape(*x.shape[:-1], out.shape[-1])
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if (x.is_cuda and x.numel() <= TILE_MAX_ROWS * x.shape[-1]
-                and torch.cuda.get_device_capability(x.device) >= (8, 9)):
+        if x.is_cuda and x.numel() <= TILE_MAX_ROWS * x.shape[-1] and _fp8_gpu(x):
             from wick.kernels.fp8_matmul import fp8_matmul
 
             out = fp8_matmul(x, layer.weight, layer.fp8_scale, layer.fp8_block)
