@@ -38,6 +38,30 @@ def gated_activation(gate, up, ACT: tl.constexpr):
 
 
 @triton.jit
+def gated_gemv_rows(tile, N, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+    """The rows of W a GEMV program `tile` reads and their output rows and mask: BLOCK_N of N, or where ACT >= 0
+    (gated: W holds N gate rows then N up rows) those rows of both halves, 2 * BLOCK_N."""
+    halves: tl.constexpr = 2 if ACT >= 0 else 1
+    local = tl.arange(0, halves * BLOCK_N)
+    rows = tile * BLOCK_N + local % BLOCK_N
+    n_mask = rows < N
+    return tl.where(n_mask, rows, 0) + local // BLOCK_N * N, rows, n_mask
+
+
+@triton.jit
+def gated_gemv_output(sums, tile, N, out_ptr, BLOCK_N: tl.constexpr, ACT: tl.constexpr):
+    """A GEMV program's sums over gated_gemv_rows' rows -> (its outputs, their rows, their mask): the sums, or
+    where ACT >= 0 act(gate) * up from the gate and up halves, each rounded to out's dtype first (as a GEMV and
+    this module's kernel after it would)."""
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    if ACT >= 0:
+        dtype = out_ptr.dtype.element_ty
+        gate, up = tl.split(tl.permute(tl.reshape(sums, [2, BLOCK_N]), [1, 0]))
+        sums = gated_activation(gate.to(dtype), up.to(dtype), ACT)
+    return sums, rows, rows < N
+
+
+@triton.jit
 def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr,
                         PDL: tl.constexpr):
     pdl_prologue(PDL)

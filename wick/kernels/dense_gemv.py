@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.activation import ACTIVATIONS, gated_activation
+from wick.kernels.activation import ACTIVATIONS, gated_gemv_output, gated_gemv_rows
 from wick.kernels.pdl import pdl_options
 
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
@@ -23,16 +23,11 @@ def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
                        PDL: tl.constexpr):
     """Where ACT >= 0 W holds 2N rows, gate rows then up rows, and the program takes BLOCK_N rows of each and
-    writes act(gate) * up (activation.gated_activation, gate and up rounded to x's dtype first as a GEMV and the
-    activation kernel after it would). Where PDL (pdl.py) the first step's weights load while the kernel before
-    ends (nothing writes weights), x only after it has."""
+    writes act(gate) * up (activation.gated_gemv_output). Where PDL (pdl.py) the first step's weights load while
+    the kernel before ends (nothing writes weights), x only after it has."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
-    halves: tl.constexpr = 2 if ACT >= 0 else 1
-    local = tl.arange(0, halves * BLOCK_N)
-    rows = tl.program_id(0) * BLOCK_N + local % BLOCK_N
-    n_mask = rows < N
-    w_index = tl.where(n_mask, rows, 0) + local // BLOCK_N * N
+    w_index, rows, n_mask = gated_gemv_rows(tl.program_id(0), N, BLOCK_N, ACT)
     w_rows = w_ptr + w_index.to(tl.int64)[:, None] * stride_wn
     ks = tl.arange(0, BLOCK_K)
     w = tl.load(w_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
@@ -49,12 +44,7 @@ def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
     total = tl.sum(acc, axis=1)
     if HAS_BIAS:
         total += tl.load(bias_ptr + w_index, mask=n_mask, other=0.0).to(tl.float32)
-    if ACT >= 0:
-        dtype = out_ptr.dtype.element_ty
-        gate, up = tl.split(tl.permute(tl.reshape(total, [2, BLOCK_N]), [1, 0]))
-        total = gated_activation(gate.to(dtype), up.to(dtype), ACT)
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = rows < N
+    total, rows, n_mask = gated_gemv_output(total, tl.program_id(0), N, out_ptr, BLOCK_N, ACT)
     tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 

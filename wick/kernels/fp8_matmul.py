@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.activation import ACTIVATIONS, gated_activation
+from wick.kernels.activation import ACTIVATIONS, gated_gemv_output, gated_gemv_rows
 from wick.kernels.gemv_split import fit_grid_rows
 from wick.kernels.pdl import pdl_options
 
@@ -121,10 +121,7 @@ def _fp8_gemv_kernel(
         w_ptr += expert * stride_we
         scale_ptr += expert * stride_se
     halves: tl.constexpr = 2 if ACT >= 0 else 1
-    local = tl.arange(0, halves * BLOCK_N)
-    rows = tl.program_id(1) * BLOCK_N + local % BLOCK_N
-    n_mask = rows < N
-    safe = tl.where(n_mask, rows, 0) + local // BLOCK_N * N
+    safe, rows, n_mask = gated_gemv_rows(tl.program_id(1), N, BLOCK_N, ACT)
     ks = tl.arange(0, BLOCK_K)
     x_row = x_ptr + (m // X_ROW_DIV).to(tl.int64) * stride_xm
     scale_row = scale_ptr + (safe // BLOCK_SN) * stride_sn
@@ -139,12 +136,7 @@ def _fp8_gemv_kernel(
         w = tl.load(w_rows + k[None, :], mask=(k < K)[None, :], other=0.0)
         acc = _fp8_gemv_step(acc, w, x_row, scale_row, k0, ks, K, stride_sk, BLOCK_SK, halves * BLOCK_N, BLOCK_K,
                              GROUPS)
-    if ACT >= 0:
-        dtype = out_ptr.dtype.element_ty
-        gate, up = tl.split(tl.permute(tl.reshape(acc, [2, BLOCK_N]), [1, 0]))
-        acc = gated_activation(gate.to(dtype), up.to(dtype), ACT)
-        rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_mask = rows < N
+    acc, rows, n_mask = gated_gemv_output(acc, tl.program_id(1), N, out_ptr, BLOCK_N, ACT)
     tl.store(out_ptr + m.to(tl.int64) * stride_om + rows, acc.to(out_ptr.dtype.element_ty), mask=n_mask)
 
 
