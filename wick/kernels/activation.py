@@ -18,6 +18,16 @@ _BLOCK = 1024
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 
 
+def gated_gemv_shape(rows: int, activation: str | None) -> tuple[int, int]:
+    """(output rows, ACT) of a GEMV over `rows` rows of W: all of them and -1, or with an ACTIVATIONS name half of
+    them (gate rows, then up rows) and its ACT value."""
+    if activation is None:
+        return rows, -1
+    if rows % 2:
+        raise ValueError(f"a gated GEMV needs an even number of rows (gate, up), got {rows}")
+    return rows // 2, ACTIVATIONS[activation]
+
+
 @triton.jit
 def gated_activation(gate, up, ACT: tl.constexpr):
     """act(gate) * up in float32 from gate and up in a float dtype, act rounded to that dtype first (as

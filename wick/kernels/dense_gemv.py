@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.activation import ACTIVATIONS, gated_gemv_output, gated_gemv_rows
+from wick.kernels.activation import gated_gemv_output, gated_gemv_rows, gated_gemv_shape
 from wick.kernels.pdl import pdl_options
 
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
@@ -54,12 +54,8 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     contiguous. activation: an activation.ACTIVATIONS name: weight (and bias) hold gate rows then up rows, and
     the result is act(gate) * up, [..., N / 2]. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and
     tests; None picks them."""
-    n, k = weight.shape
-    act = -1 if activation is None else ACTIVATIONS[activation]
-    if act >= 0:
-        if n % 2:
-            raise ValueError(f"a gated GEMV needs an even number of rows (gate, up), got {n}")
-        n //= 2
+    n, act = gated_gemv_shape(weight.shape[0], activation)
+    k = weight.shape[1]
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.activation import ACTIVATIONS, gated_gemv_output, gated_gemv_rows
+from wick.kernels.activation import gated_gemv_output, gated_gemv_rows, gated_gemv_shape
 from wick.kernels.gemv_split import fit_grid_rows
 from wick.kernels.pdl import pdl_options
 
@@ -205,7 +205,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: 
     None where it has no steps over `block` (fp8_matmul's row kernel runs those). activation: an
     activation.ACTIVATIONS name: W's rows are gate rows then up rows, and the result act(gate) * up [M, N / 2]."""
     m, k = x.shape
-    n = weight.shape[0] // (1 if activation is None else 2)
+    n, act = gated_gemv_shape(weight.shape[0], activation)
     block_n, block_k, warps = gemv_config or FP8_GEMV_CONFIG
     block_n = fit_grid_rows(n, block_n)
     steps = _gemv_steps(block, k, min(block_k, triton.next_power_of_2(k)))
@@ -216,8 +216,7 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: 
     _fp8_gemv_kernel[(m, triton.cdiv(n, block_n))](
         x, weight, scale, out, out, n, k, x.stride(0), 0, weight.stride(0), 0, scale.stride(0), scale.stride(1),
         out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n, BLOCK_K=steps[0], GROUPS=steps[1],
-        X_ROW_DIV=1, EXPERTS=False, ACT=-1 if activation is None else ACTIVATIONS[activation], num_warps=warps,
-        **pdl_options(x))
+        X_ROW_DIV=1, EXPERTS=False, ACT=act, num_warps=warps, **pdl_options(x))
     return out
 
 
@@ -245,8 +244,8 @@ def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `weight` [E, N, K] in float8 with scales
     [E, ceil(N / block[0]), ceil(K / block[1])], where runs_expert_gemv(block, K); with `activation` (an
     activation.ACTIVATIONS name) act(gate) * up [P, N / 2] of each expert's gate rows then up rows."""
-    _, n, k = weight.shape
-    n //= 1 if activation is None else 2
+    _, rows, k = weight.shape
+    n, act = gated_gemv_shape(rows, activation)
     x2 = x.reshape(-1, k).contiguous()
     out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = gemv_config or EXPERT_GEMV_CONFIG
@@ -258,6 +257,6 @@ def fp8_expert_gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, 
         _fp8_gemv_kernel[(out.shape[0], triton.cdiv(n, block_n))](
             x2, weight, scale, out, experts, n, k, x2.stride(0), weight.stride(0), weight.stride(1), scale.stride(0),
             scale.stride(1), scale.stride(2), out.stride(0), BLOCK_SN=block[0], BLOCK_SK=block[1], BLOCK_N=block_n,
-            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True,
-            ACT=-1 if activation is None else ACTIVATIONS[activation], PDL=False, num_warps=warps)
+            BLOCK_K=block_k, GROUPS=groups, X_ROW_DIV=x_row_div, EXPERTS=True, ACT=act, PDL=False,
+            num_warps=warps)
     return out

@@ -139,7 +139,8 @@ def _paged_attention_kernel(
     kv_start = 0
     if WINDOWED:
         kv_start = tl.maximum(context + q_first - window + 1, 0) // BLOCK_N * BLOCK_N
-    tiles_per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), num_splits)
+    tiles = tl.cdiv(kv_end - kv_start, BLOCK_N)
+    tiles_per_split = tl.cdiv(tiles, num_splits)
     lo = kv_start + split * tiles_per_split * BLOCK_N
     hi = tl.minimum(lo + tiles_per_split * BLOCK_N, kv_end)
     if SPLIT and lo >= hi:
@@ -168,7 +169,7 @@ def _paged_attention_kernel(
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
         if split == 0:
             # the splits with keys: the combine reads theirs only
-            used = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), tiles_per_split)
+            used = tl.cdiv(tiles, tiles_per_split)
             tl.store(part_used_ptr + token * (tl.num_programs(1) * GROUP) + head, used + tl.zeros_like(head),
                      mask=row_valid)
     else:
