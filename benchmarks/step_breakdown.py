@@ -59,6 +59,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--quantization", "-q", default=None, help="weights quantized at load, e.g. q4_k, gptq, fp8")
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above it, seeded random sampling")
     parser.add_argument("--profile-steps", type=int, default=0,
                         help="then run this many steps under the torch profiler and print where the time goes")
     parser.add_argument("--profile-sort", default="self_cpu_time_total",
@@ -84,10 +85,11 @@ def main() -> None:
     prompts = [list(range(1000 + i, 1128 + i)) for i in range(args.batch_size)]
     llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     _times.clear()
+    sampling = dict(ignore_eos=True, temperature=args.temperature, seed=0)
     _log_triton_compiles()
     torch.cuda.synchronize()
     start = time.perf_counter()
-    llm.generate(prompts, SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0))
+    llm.generate(prompts, SamplingParams(max_tokens=args.output_len, **sampling))
     elapsed = time.perf_counter() - start
     print(f"TP={args.tensor_parallel_size}, batch {args.batch_size}, overlap {core.config.async_scheduling}: "
           f"{args.batch_size * args.output_len / elapsed:,.0f} tokens/s, "
@@ -98,13 +100,13 @@ def main() -> None:
         print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step (median {median * 1e6:,.0f}, "
               f"max {ordered[-1] * 1e6:,.0f}; {len(values)} calls)")
     if args.cprofile_steps:
-        params = SamplingParams(max_tokens=args.cprofile_steps, ignore_eos=True, temperature=0.0)
+        params = SamplingParams(max_tokens=args.cprofile_steps, **sampling)
         profile = cProfile.Profile()
         profile.runcall(llm.generate, prompts, params)
         print(f"cProfile, {args.cprofile_steps} steps (times in total):")
         pstats.Stats(profile).sort_stats("tottime").print_stats(40)
     if args.profile_steps:
-        params = SamplingParams(max_tokens=args.profile_steps, ignore_eos=True, temperature=0.0)
+        params = SamplingParams(max_tokens=args.profile_steps, **sampling)
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profile:
             llm.generate(prompts, params)

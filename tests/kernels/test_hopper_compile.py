@@ -1,7 +1,7 @@
-"""The gated GEMVs and the split paged attention compiled for an H100 (sm_90) by Triton's own compiler, on any
-machine: what the interpreter (the CPU tests' way of running them) does not check, such as the shapes a compiled
-kernel must keep. The compiler runs in a child process, since this folder's kernels are imported interpreted
-(conftest.py)."""
+"""The gated GEMVs, the split paged attention and the sampler's draw compiled for an H100 (sm_90) by Triton's own
+compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not check, such as the
+shapes a compiled kernel must keep. The compiler runs in a child process, since this folder's kernels are imported
+interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,11 @@ VARIANTS = {
          "soft_cap": "fp32"},
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
          "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32", "PDL": True}),
+    "sampling race, bf16 logits": (
+        "wick.kernels.sampling:_race_chunk_kernel",
+        {"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "seeds_ptr": "*i64", "steps_ptr": "*i64",
+         "part_score_ptr": "*fp32", "part_token_ptr": "*i32", "greedy_below": "fp32"},
+        {"BLOCK": 1024}),
 }
 
 CHILD = """
@@ -64,4 +69,4 @@ def test_kernels_compile_for_hopper() -> None:
                            text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
     waits = json.loads(child.stdout.strip().splitlines()[-1])
-    assert waits == {name: constexprs["PDL"] for name, (_, _, constexprs) in VARIANTS.items()}
+    assert waits == {name: constexprs.get("PDL", False) for name, (_, _, constexprs) in VARIANTS.items()}

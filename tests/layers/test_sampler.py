@@ -188,10 +188,10 @@ def test_metadata_leaves_out_what_no_request_uses() -> None:
     plain = metadata_for([make_request(SamplingParams(temperature=0.0), output=(1,))], 8)
     assert plain.output_counts is None and plain.prompt_mask is None and plain.bias_rows is None
     assert plain.suppress_rows is None and plain.max_num_logprobs is None
-    assert plain.all_greedy and not plain.all_random
+    assert plain.all_greedy
     presence = metadata_for([make_request(SamplingParams(presence_penalty=1.0), output=(1, 1))], 8)
     assert presence.prompt_mask is None and presence.output_counts[0, 1] == 2
-    assert presence.all_random and presence.no_top_k and presence.no_top_p and presence.no_min_p
+    assert not presence.all_greedy and presence.no_top_k and presence.no_top_p and presence.no_min_p
     # Seeds beyond int64 fold onto the int64 with the same low 64 bits.
     folded = metadata_for([make_request(SamplingParams(), seed=seed) for seed in (2**64 - 1, 2**63)], 8)
     assert folded.seeds.tolist() == [-1, -(2**63)]

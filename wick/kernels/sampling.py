@@ -1,8 +1,9 @@
-"""The sampler's seeded exponential race in one pass over the probabilities: token argmax(p / E), where
+"""The sampler's draw in one pass over the logits, in their dtype: a greedy row's argmax, a random row's seeded
+exponential race in log space, token argmax(logit / t - log E) (= argmax(p / E) with p = softmax(logit / t)), where
 E = -log(u) and u comes from the counter-based hash of (seed, step, token id) that
 wick.layers.sampler.random_exponentials builds from int64 torch ops. Here the hash runs in native
 uint32 arithmetic (wrapping multiplication is what the torch code's _mul32 emulates) and neither
-the [B, V] exponentials nor any intermediate leaves the registers.
+the [B, V] exponentials, the probabilities nor any intermediate leaves the registers.
 
 The grid is rows x vocabulary chunks, so that one long row still spreads over the GPU; each program
 writes its chunk's best score and token, and a second kernel reduces each row's chunks.
@@ -14,11 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.layers.sampler import random_exponentials
+from wick.sampling_params import _GREEDY_EPS
 
 _BLOCK = 1024
 # Enough programs to fill an H100/H200 several times over; chunks grow with the batch instead.
 _TARGET_PROGRAMS = 2048
+_NUM_WARPS = 4
 
 
 @triton.jit
@@ -54,14 +56,17 @@ def _exponential(bits):
 
 @triton.jit
 def _race_chunk_kernel(
-    probs_ptr, seeds_ptr, steps_ptr, part_score_ptr, part_token_ptr,
-    vocab_size, stride_row, chunk_size, num_chunks,
+    logits_ptr, temperature_ptr, seeds_ptr, steps_ptr, part_score_ptr, part_token_ptr,
+    vocab_size, stride_row, chunk_size, num_chunks, greedy_below,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     key = _row_key(seeds_ptr, steps_ptr, row)
-    row_ptr = probs_ptr + row.to(tl.int64) * stride_row
+    temperature = tl.load(temperature_ptr + row)
+    greedy = temperature < greedy_below
+    inverse_temperature = tl.div_rn(1.0, temperature)
+    row_ptr = logits_ptr + row.to(tl.int64) * stride_row
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_token = tl.zeros([BLOCK], tl.int32)
@@ -70,9 +75,10 @@ def _race_chunk_kernel(
     for start in range(chunk_start, chunk_end, BLOCK):
         offs = start + lanes
         mask = offs < chunk_end
-        p = tl.load(row_ptr + offs, mask=mask, other=0.0)
-        score = tl.div_rn(p, _exponential(_token_bits(key, offs)))
-        # torch.argmax takes the first NaN as the maximum; a real score is finite (p <= 1, E >= 2**-24).
+        score = tl.load(row_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if not greedy:
+            score = score * inverse_temperature - tl.log(_exponential(_token_bits(key, offs)))
+        # torch.argmax takes the first NaN as the maximum: NaN scores become +inf, ties go to the lowest token.
         score = tl.where(score != score, float("inf"), score)
         score = tl.where(mask, score, float("-inf"))
         better = score > best
@@ -112,28 +118,32 @@ def _random_draws_kernel(
     tl.store(exponentials_ptr + out, _exponential(bits), mask=mask)
 
 
-def exponential_race(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """[B] int64: per row, argmax over the vocabulary of probs / E (ties: the lowest token id), with E
-    the Exp(1) draws of wick.layers.sampler.random_exponentials(seeds, steps, V).
+def exponential_race(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
+                     config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """[B] int64: per row, argmax over the vocabulary (ties: the lowest token id) of the logits where the row's
+    temperature is below the greedy threshold, else of logits * (1 / temperature) - log E, with E the Exp(1) draws
+    of wick.layers.sampler.random_exponentials(seeds, steps, V): wick.layers.sampler.exponential_race_torch.
 
-    probs [B, V] float32 with contiguous rows; seeds, steps [B] int64. No host sync.
+    logits [B, V] in any float dtype; temperature [B] float32; seeds, steps [B] int64. No host sync. config:
+    (tokens a step, programs aimed at, warps), for benchmarks; None takes the module's.
     """
-    num_rows, vocab_size = probs.shape
-    if probs.stride(-1) != 1:
-        raise ValueError("exponential_race needs probs rows contiguous")
-    num_blocks = triton.cdiv(vocab_size, _BLOCK)
-    tiles_per_chunk = min(num_blocks, max(1, num_rows * num_blocks // _TARGET_PROGRAMS))
-    chunk_size = tiles_per_chunk * _BLOCK
+    block, target_programs, num_warps = config or (_BLOCK, _TARGET_PROGRAMS, _NUM_WARPS)
+    num_rows, vocab_size = logits.shape
+    logits = logits if logits.stride(-1) == 1 else logits.contiguous()
+    temperature, seeds, steps = temperature.contiguous(), seeds.contiguous(), steps.contiguous()
+    num_blocks = triton.cdiv(vocab_size, block)
+    tiles_per_chunk = min(num_blocks, max(1, num_rows * num_blocks // target_programs))
+    chunk_size = tiles_per_chunk * block
     num_chunks = triton.cdiv(num_blocks, tiles_per_chunk)
-    part_score = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=probs.device)
-    part_token = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=probs.device)
-    out = torch.empty(num_rows, dtype=torch.int64, device=probs.device)
+    part_score = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
+    part_token = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
+    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
     _race_chunk_kernel[(num_rows, num_chunks)](
-        probs, seeds, steps, part_score, part_token,
-        vocab_size, probs.stride(0), chunk_size, num_chunks,
-        BLOCK=_BLOCK,
+        logits, temperature, seeds, steps, part_score, part_token,
+        vocab_size, logits.stride(0), chunk_size, num_chunks, _GREEDY_EPS,
+        BLOCK=block, num_warps=num_warps,
     )
     _race_reduce_kernel[(num_rows,)](
         part_score, part_token, out, num_chunks, vocab_size,
@@ -153,7 +163,3 @@ def random_draws(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
             seeds, steps, bits, exponentials, vocab_size, BLOCK=_BLOCK)
     return bits, exponentials
 
-
-def exponential_race_ref(probs: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """Pure-torch reference of exponential_race: the sampler's own torch path."""
-    return (probs / random_exponentials(seeds, steps, probs.shape[-1])).argmax(-1)

@@ -2,9 +2,11 @@
 all on the device with no per-request Python loop.
 
 Randomness is a pure function of (request seed, output position, token id): a counter-based hash
-gives every token its own uniform u, and the sampled token is argmax(prob / -log(u)) (the
-exponential race, equivalent to Gumbel-max). So a request draws the same token whatever else is in
-the batch, whichever row it sits in, and after preemption, without one torch.Generator per request.
+gives every token its own uniform u, and the sampled token is argmax(prob / E) with E = -log(u) (the
+exponential race, equivalent to Gumbel-max), taken in log space as argmax(logit / temperature - log E)
+so that no softmax runs. So a request draws the same token whatever else is in the batch, whichever
+row it sits in, and after preemption, without one torch.Generator per request. Logits stay in the
+model's dtype unless something (logprobs, penalties, masks, filters) needs them in float32.
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ class SamplingMetadata:
     suppress_token_ids: torch.Tensor | None  # [M] int64
     max_num_logprobs: int | None  # largest `logprobs` asked for; None when no request asked
     all_greedy: bool
-    all_random: bool
     # Skip flags, over the rows that sample at random.
     no_top_k: bool
     no_top_p: bool
@@ -97,6 +98,10 @@ def process_logits(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Te
     logit[t] -= frequency_penalty * count[t] + presence_penalty * (count[t] > 0), where count
     covers generated tokens only.
     """
+    if (metadata.grammar_rows is None and metadata.bias_rows is None and metadata.suppress_rows is None
+            and metadata.output_counts is None):
+        return logits
+    logits = logits.float()
     if metadata.grammar_rows is not None:
         logits = apply_token_bitmask(logits, metadata.grammar_rows, metadata.grammar_bitmask)
     if metadata.bias_rows is not None:
@@ -126,15 +131,17 @@ class Sampler(nn.Module):
     """
 
     def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        raw_logprobs = logits.log_softmax(-1) if metadata.max_num_logprobs is not None else None
+        raw_logprobs = logits.float().log_softmax(-1) if metadata.max_num_logprobs is not None else None
         logits = process_logits(logits, metadata)
-        if metadata.all_greedy:
-            sampled = logits.argmax(-1)
+        if not (metadata.all_greedy or (metadata.no_top_k and metadata.no_top_p and metadata.no_min_p)):
+            logits = _filter(logits, metadata)
+        if logits.is_cuda:
+            # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+            from wick.kernels.sampling import exponential_race
+
+            sampled = exponential_race(logits, metadata.temperature, metadata.seeds, metadata.steps)
         else:
-            sampled = _sample_random(logits, metadata)
-            if not metadata.all_random:
-                greedy = metadata.temperature < _GREEDY_EPS
-                sampled = torch.where(greedy, logits.argmax(-1), sampled)
+            sampled = exponential_race_torch(logits, metadata.temperature, metadata.seeds, metadata.steps)
         logprobs = None
         if raw_logprobs is not None:
             logprobs = _gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs)
@@ -158,26 +165,31 @@ def _gather_logprobs(logprobs: torch.Tensor, token_ids: torch.Tensor, k: int) ->
     return LogprobsTensors(token_ids=ids, logprobs=values, ranks=ranks)
 
 
-def _sample_random(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-    """Temperature, top-k, top-p, min-p, then the seeded exponential race. Greedy rows sample too
-    (at the smallest temperature, so nothing divides by zero) and the caller replaces their result."""
-    temperature = metadata.temperature.clamp(min=_GREEDY_EPS)
-    logits = logits / temperature[:, None]
+def _filter(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    """logits in float32, -inf in the rows that sample at random outside top-k, top-p and min-p, which are taken
+    over logits / temperature (min-p's p < min_p * max p as logit / t < max(logit / t) + log(min_p))."""
+    logits = logits.float()
+    random_rows = metadata.temperature >= _GREEDY_EPS
+    scaled = logits / metadata.temperature.clamp(min=_GREEDY_EPS)[:, None]
     if not (metadata.no_top_k and metadata.no_top_p):
-        logits = _top_k_top_p(logits, metadata.top_k, metadata.top_p)
-    probs = logits.softmax(-1)
+        scaled = _top_k_top_p(scaled, metadata.top_k, metadata.top_p)
     if not metadata.no_min_p:
-        floor = metadata.min_p[:, None] * probs.amax(-1, keepdim=True)
-        probs = probs.masked_fill(probs < floor, 0.0)
-    # A filtered token has probability 0, so it can only win a race that every kept token loses
-    # with 0 too, which cannot happen: the top token is always kept and every exponential is finite.
-    if probs.is_cuda:
-        # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
-        from wick.kernels.sampling import exponential_race
+        floor = scaled.amax(-1, keepdim=True) + metadata.min_p[:, None].log()
+        scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+    return logits.masked_fill((scaled == float("-inf")) & random_rows[:, None], float("-inf"))
 
-        return exponential_race(probs, metadata.seeds, metadata.steps)
-    exponentials = random_exponentials(metadata.seeds, metadata.steps, logits.shape[-1])
-    return (probs / exponentials).argmax(-1)
+
+def exponential_race_torch(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor,
+                           steps: torch.Tensor) -> torch.Tensor:
+    """[B] int64: a greedy row's argmax of logits; a random row's argmax of logits / temperature - log E, E the
+    row's random_exponentials (a filtered token's -inf logit cannot win: the top token always stays, finite).
+    A reciprocal and a product rather than a quotient, as the kernel computes it (one division a row)."""
+    greedy = temperature < _GREEDY_EPS
+    if bool(greedy.all()):
+        return logits.argmax(-1)
+    exponentials = random_exponentials(seeds, steps, logits.shape[-1])
+    scores = logits.float() * (1.0 / temperature.clamp(min=_GREEDY_EPS))[:, None] - exponentials.log()
+    return torch.where(greedy, logits.argmax(-1), scores.argmax(-1))
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

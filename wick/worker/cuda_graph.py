@@ -67,7 +67,7 @@ class DecodeGraphs:
         hidden = self.model(ids, positions)
         logits = self.model.compute_logits(hidden)
         if self.logits is None:
-            self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=torch.float32, device=logits.device)
+            self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=logits.dtype, device=logits.device)
         self.logits[:bs].copy_(logits)
         return hidden
 
@@ -91,8 +91,8 @@ class DecodeGraphs:
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
     def run(self, step: PackedStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replays the graph of the step's padded batch size; returns the hidden states and float32 logits
-        of its real rows."""
+        """Replays the graph of the step's padded batch size; returns the hidden states and the logits (in the LM
+        head's dtype) of its real rows."""
         metadata, n = step.metadata, step.num_reqs
         bs = len(metadata.seq_lens_cpu)
         tables = metadata.block_tables

@@ -198,7 +198,7 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
     # Two host-to-device copies for the per-row settings instead of one blocking copy each.
     steps = np.fromiter((s.num_output_tokens for s in states), np.int64, len(states))
     ints = np.stack([top_k, np.fromiter((row.seed for row in rows), np.int64, len(rows)), steps])
-    floats_t, ints_t = torch.from_numpy(floats.astype(np.float32)), torch.from_numpy(ints)
+    floats_t, ints_t = torch.from_numpy(np.ascontiguousarray(floats, np.float32)), torch.from_numpy(ints)
     if device.type == "cuda":
         floats_t = floats_t.pin_memory().to(device, non_blocking=True)
         ints_t = ints_t.pin_memory().to(device, non_blocking=True)
@@ -222,7 +222,6 @@ def build_sampling_metadata(states: list[CachedRequestState], vocab_size: int, d
         suppress_token_ids=tensor(suppress_ids, torch.int64) if suppress_rows else None,
         max_num_logprobs=max(asked) if asked else None,
         all_greedy=not randoms.any(),
-        all_random=bool(randoms.all()),
         no_top_k=bool((random_top_k == 0).all()),
         no_top_p=bool((random_top_p >= 1.0).all()),
         no_min_p=bool((random_min_p == 0.0).all()),

@@ -222,7 +222,7 @@ class ModelRunner:
                 hidden = self.model(step.input_ids, step.positions)
             if samplers:
                 rows = hidden[:len(scheduled)] if step.logit_rows is None else hidden[step.logit_rows]
-                logits = self.model.compute_logits(rows).float()
+                logits = self.model.compute_logits(rows)
         query_start = step.metadata.query_start_loc_cpu
         prompt_logprobs = {}
         for i, item in enumerate(scheduled):
