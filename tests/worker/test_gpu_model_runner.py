@@ -1,8 +1,9 @@
-"""On the GPU (Triton attention, CUDA graphs, bf16), the small test model's greedy tokens match the
+"""On the GPU (Triton attention, CUDA graphs, bf16), the small test model's greedy and seeded tokens match the
 CPU torch backend's."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -34,6 +35,22 @@ def test_fp32_gpu_greedy_equals_cpu_torch_backend(small_model_dir, enforce_eager
     expected = [o.outputs[0].token_ids for o in cpu.generate(_prompts(), params)]
     gpu = _gpu_llm(small_model_dir, "float32", enforce_eager)
     assert [o.outputs[0].token_ids for o in gpu.generate(_prompts(), params)] == expected
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_fp32_gpu_seeded_sampling_equals_cpu_torch_backend(small_model_dir, enforce_eager):
+    """Seeded random rows drawn inside the decode graphs (or by the eager kernel), beside greedy rows and rows
+    whose top-p sends the step to the eager sampler, draw the CPU sampler's tokens."""
+    params = [SamplingParams(temperature=0.8, seed=i, max_tokens=24, ignore_eos=True) for i in range(4)]
+    params += [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+               SamplingParams(temperature=1.2, seed=9, max_tokens=24, ignore_eos=True)] * 2
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch")
+    gpu = _gpu_llm(small_model_dir, "float32", enforce_eager)
+    for top_p in (1.0, 0.9):
+        last = dataclasses.replace(params[-1], top_p=top_p)
+        step_params = params[:-1] + [last]
+        expected = [o.outputs[0].token_ids for o in cpu.generate(_prompts(), step_params)]
+        assert [o.outputs[0].token_ids for o in gpu.generate(_prompts(), step_params)] == expected
 
 
 @pytest.mark.parametrize("enforce_eager", [False, True])

@@ -35,7 +35,7 @@ def _reference(scheduled, previous_rows, blocks):
     return ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows
 
 
-def _check(step, scheduled, previous_rows, blocks):
+def _check(step, scheduled, previous_rows, blocks, buffers):
     """`blocks`: each request's block ids as the test handed them out, the reference's own record."""
     ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows = _reference(scheduled, previous_rows,
                                                                                        blocks)
@@ -57,10 +57,22 @@ def _check(step, scheduled, previous_rows, blocks):
         assert sample_rows == list(range(len(scheduled))) and t == len(scheduled)
     else:
         assert step.logit_rows.tolist() == sample_rows
+    # a sampling row's draw: its request's temperature and seed, the count of its output tokens so far
+    padded_t, b = step.input_ids.numel(), m.query_start_loc.numel() - 1
+    temperature = buffers.ints[2 * b + 1:3 * b + 1].view(torch.float32)
+    seeds = buffers.longs[3 * padded_t:3 * padded_t + b]
+    steps = buffers.longs[3 * padded_t + b:3 * padded_t + 2 * b]
+    for row, item in enumerate(scheduled):
+        if item.samples:
+            state = item.state
+            assert temperature[row] == torch.tensor(state.sampling_params.temperature, dtype=torch.float32)
+            assert seeds[row] == state.seed and steps[row] == state.num_output_tokens
 
 
 def _new(rid, prompt, blocks, computed=0):
-    return NewRequestData(rid, prompt, [], SamplingParams(max_tokens=8), 0, blocks, computed)
+    seed = sum(map(ord, rid))
+    return NewRequestData(rid, prompt, [], SamplingParams(max_tokens=8, temperature=seed % 7 / 4), seed, blocks,
+                          computed)
 
 
 def test_mixed_prefill_and_decode_with_pending_tokens():
@@ -72,7 +84,7 @@ def test_mixed_prefill_and_decode_with_pending_tokens():
     blocks = {"a": [7, 3, 5], "b": [1, 9]}
     scheduled = batch.update(first)
     step = buffers.pack(scheduled, batch, {})
-    _check(step, scheduled, {}, blocks)
+    _check(step, scheduled, {}, blocks, buffers)
     assert step.logit_rows.tolist() == [7]  # a's chunk ends inside its prompt; b's prompt is done
 
     # b's sample is still on the device (overlap): it comes from row 0 of the previous step's samples.
@@ -85,7 +97,7 @@ def test_mixed_prefill_and_decode_with_pending_tokens():
     blocks["a"] += [2, 4, 6, 8]
     blocks["c"] = [11]
     step = buffers.pack(scheduled, batch, {"b": 0})
-    _check(step, scheduled, {"b": 0}, blocks)
+    _check(step, scheduled, {"b": 0}, blocks, buffers)
     assert len(batch.num_blocks) == 4 and batch.block_table.shape[1] >= 7
     assert batch.num_blocks[scheduled[0].state.row] == 7
 
@@ -103,12 +115,18 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
                              num_scheduled_tokens={d.req_id: 1 for d in news})
     scheduled = batch.update(decode)
     step = buffers.pack(scheduled, batch, {}, pad_to=8)
-    _check(step, scheduled, {}, {d.req_id: d.block_ids for d in news})
+    _check(step, scheduled, {}, {d.req_id: d.block_ids for d in news}, buffers)
     assert step.logit_rows is None and step.num_reqs == 3
     m = step.metadata
     assert step.input_ids.numel() == 8 and step.input_ids[3:].tolist() == [0] * 5
     assert m.slot_mapping[3:].tolist() == [-1] * 5 and m.seq_lens[3:].tolist() == [1] * 5
     assert m.query_start_loc.tolist() == list(range(9))
+    # what the graph of batch 8 reads: the real rows' draws, then greedy padding
+    temperature, seeds, steps = buffers.decode_views(8)[5:]
+    states = [item.state for item in scheduled]
+    assert temperature.tolist() == [s.sampling_params.temperature for s in states] + [0.0] * 5
+    assert seeds.tolist() == [s.seed for s in states] + [0] * 5
+    assert steps.tolist() == [s.num_output_tokens for s in states] + [0] * 5 == [1, 1, 1, 0, 0, 0, 0, 0]
     # a finished request's row goes to the next new one, with its old blocks forgotten
     batch.update(SchedulerOutput(finished_req_ids=["r1"], scheduled_new_reqs=[_new("d", [1, 2], [20])],
                                  num_scheduled_tokens={"d": 2}))

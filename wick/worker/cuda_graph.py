@@ -26,8 +26,10 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Each graph runs the forward and the LM head on the step buffers' decode sections of its batch size
-    (the block table excepted: a graph reads its own, as wide as the longest context)."""
+    """Each graph runs the forward, the LM head and the draw from the rows' temperatures, seeds and steps
+    (kernels.sampling.exponential_race) on the step buffers' decode sections of its batch size (the block table
+    excepted: a graph reads its own, as wide as the longest context). A step whose rows need more of the sampler
+    (filters, penalties, logprobs, grammar) samples the graph's logits eagerly instead."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, buffers: StepBuffers, max_num_seqs: int,
                  max_model_len: int, block_size: int, device: torch.device) -> None:
@@ -43,6 +45,7 @@ class DecodeGraphs:
         self.logits: torch.Tensor | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}
+        self.sampled: dict[int, torch.Tensor] = {}
 
     @property
     def max_batch_size(self) -> int:
@@ -55,21 +58,24 @@ class DecodeGraphs:
     def _metadata(self, bs: int, seq_lens_cpu: list[int], block_tables_cpu: np.ndarray | None) -> AttentionMetadata:
         # Kernels size their grids from the batch size and max_seq_len; the graph is captured with the
         # longest possible context so one graph serves every step.
-        _, _, slots, query_start_loc, seq_lens = self.buffers.decode_views(bs)
+        _, _, slots, query_start_loc, seq_lens = self.buffers.decode_views(bs)[:5]
         return AttentionMetadata(
             slot_mapping=slots, query_start_loc=query_start_loc, seq_lens=seq_lens,
             block_tables=self.block_tables[:bs], max_query_len=1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=list(range(bs + 1)), seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu,
             cuda_graph=True)
 
-    def _forward(self, bs: int) -> torch.Tensor:
-        ids, positions = self.buffers.decode_views(bs)[:2]
+    def _forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+        from wick.kernels.sampling import exponential_race
+
+        ids, positions, _, _, _, temperature, seeds, steps = self.buffers.decode_views(bs)
         hidden = self.model(ids, positions)
         logits = self.model.compute_logits(hidden)
         if self.logits is None:
             self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=logits.dtype, device=logits.device)
         self.logits[:bs].copy_(logits)
-        return hidden
+        return hidden, exponential_race(logits, temperature, seeds, steps)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -84,15 +90,15 @@ class DecodeGraphs:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.hidden[bs] = self._forward(bs)
+                    self.hidden[bs], self.sampled[bs] = self._forward(bs)
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.sizes)
 
-    def run(self, step: PackedStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replays the graph of the step's padded batch size; returns the hidden states and the logits (in the LM
-        head's dtype) of its real rows."""
+    def run(self, step: PackedStep) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Replays the graph of the step's padded batch size; returns the hidden states, the logits (in the LM
+        head's dtype) and the tokens drawn from them (for rows that sample plainly) of its real rows."""
         metadata, n = step.metadata, step.num_reqs
         bs = len(metadata.seq_lens_cpu)
         tables = metadata.block_tables
@@ -103,4 +109,4 @@ class DecodeGraphs:
             host_tables = np.concatenate([host_tables, np.zeros((bs - n, host_tables.shape[1]), np.int32)])
         self.backend.prepare(self._metadata(bs, metadata.seq_lens_cpu, host_tables))
         self.graphs[bs].replay()
-        return self.hidden[bs][:n], self.logits[:n]
+        return self.hidden[bs][:n], self.logits[:n], self.sampled[bs][:n]

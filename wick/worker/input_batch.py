@@ -27,6 +27,15 @@ class SamplingRow:
     logprobs: int | None
     adjusts_logits: bool  # logit_bias or min_tokens: the rows the sampler metadata looks at one by one
 
+    @property
+    def plain(self) -> bool:
+        """Drawn from its temperature, seed and step alone (no filter, penalty, logit adjustment or logprobs): what
+        a decode graph's own draw covers."""
+        temperature, top_p, min_p, presence, frequency, repetition = self.floats
+        filtered = not self.greedy and (self.top_k > 0 or top_p < 1.0 or min_p > 0.0)
+        penalized = presence != 0.0 or frequency != 0.0 or repetition != 1.0
+        return not (filtered or penalized or self.adjusts_logits or self.logprobs is not None)
+
 
 @dataclass
 class CachedRequestState:
@@ -81,12 +90,16 @@ class ScheduledState:
 
 class InputBatch:
     """The worker's requests, and their block ids as rows of one numpy table (a row per request, reused when
-    a request leaves) from which a step's block table and slots are gathered at once."""
+    a request leaves) from which a step's block table and slots are gathered at once; beside it, by the same
+    rows, what a decode graph's draw needs: each request's temperature, seed and prompt length."""
 
     def __init__(self, num_rows: int = 16, num_blocks: int = 16) -> None:
         self.requests: dict[str, CachedRequestState] = {}
         self.block_table = np.zeros((num_rows, num_blocks), dtype=np.int32)
         self.num_blocks = np.zeros(num_rows, dtype=np.int32)
+        self.temperature = np.zeros(num_rows, dtype=np.float32)
+        self.seed = np.zeros(num_rows, dtype=np.int64)
+        self.num_prompt_tokens = np.zeros(num_rows, dtype=np.int64)
         self._free_rows = list(range(num_rows - 1, -1, -1))
 
     def update(self, scheduler_output: SchedulerOutput) -> list[ScheduledState]:
@@ -101,6 +114,9 @@ class InputBatch:
                 new.sampling_params, new.seed, new.num_computed_tokens,
                 pooling_params=new.pooling_params, row=self._take_row())
             self._append_blocks(state.row, new.block_ids)
+            self.temperature[state.row] = state.sampling_row.floats[0]
+            self.seed[state.row] = state.sampling_row.seed
+            self.num_prompt_tokens[state.row] = state.num_prompt_tokens
         for cached in scheduler_output.scheduled_cached_reqs:
             state = self.requests[cached.req_id]
             if cached.new_block_ids:
@@ -128,7 +144,9 @@ class InputBatch:
         if not self._free_rows:
             rows = len(self.num_blocks)
             self.block_table = np.concatenate([self.block_table, np.zeros_like(self.block_table)])
-            self.num_blocks = np.concatenate([self.num_blocks, np.zeros_like(self.num_blocks)])
+            for name in ("num_blocks", "temperature", "seed", "num_prompt_tokens"):
+                column = getattr(self, name)
+                setattr(self, name, np.concatenate([column, np.zeros_like(column)]))
             self._free_rows = list(range(2 * rows - 1, rows - 1, -1))
         return self._free_rows.pop()
 

@@ -31,12 +31,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class _ForwardResult:
-    """What execute_model leaves for sample_tokens: the rows that sample and their logits."""
+    """What execute_model leaves for sample_tokens: the rows that sample, their logits and, from a decode graph,
+    the tokens it drew for them."""
 
     samplers: list[ScheduledState]
     logits: torch.Tensor | None
     prompt_logprobs: dict[str, LogprobsTensors]
     pooled: PooledBatch | None = None
+    sampled: torch.Tensor | None = None
 
 
 @dataclass
@@ -211,11 +213,11 @@ class ModelRunner:
             assert previous is not None
             step.input_ids[step.gather[0]] = previous[step.gather[1]]
         samplers = [item for item in scheduled if item.samples]
-        logits = None
+        logits = sampled = None
         if pad_to is not None:
-            hidden, all_logits = graphs.run(step)
-            if samplers:
-                logits = all_logits if step.logit_rows is None else all_logits[step.logit_rows]
+            hidden, logits, sampled = graphs.run(step)
+            if step.logit_rows is not None:
+                logits, sampled = logits[step.logit_rows], sampled[step.logit_rows]
         else:
             self.backend.prepare(step.metadata)
             with set_forward_context(step.metadata, self.backend):
@@ -230,7 +232,7 @@ class ModelRunner:
             if lps is not None:
                 prompt_logprobs[item.state.req_id] = lps
         pooled = pool_scheduled(pooler, hidden, scheduled, query_start) if pooler is not None else None
-        self._forward = _ForwardResult(samplers, logits, prompt_logprobs, pooled)
+        self._forward = _ForwardResult(samplers, logits, prompt_logprobs, pooled, sampled)
 
     @torch.inference_mode()
     def launch_sampling(self, grammar: GrammarBitmask | None = None) -> None:
@@ -241,15 +243,18 @@ class ModelRunner:
         if forward is not None:
             states = [item.state for item in forward.samplers]
             if states:
-                metadata = build_sampling_metadata(states, self.vocab_size, self.device, grammar)
-                result = self.sampler(forward.logits, metadata)
-                step.sampled = tp_broadcast(result.sampled_token_ids)
+                sampled, logprobs = forward.sampled, None
+                if sampled is None or grammar is not None or not all(state.sampling_row.plain for state in states):
+                    result = self.sampler(forward.logits,
+                                          build_sampling_metadata(states, self.vocab_size, self.device, grammar))
+                    sampled, logprobs = result.sampled_token_ids, result.logprobs
+                step.sampled = tp_broadcast(sampled)
                 step.tokens = _to_host(step.sampled)
                 step.states = states
                 for state in states:
                     state.num_pending += 1
-                if result.logprobs is not None:
-                    step.logprobs = _logprobs_to_host(result.logprobs)
+                if logprobs is not None:
+                    step.logprobs = _logprobs_to_host(logprobs)
             step.prompt_logprobs = {rid: _logprobs_to_host(t) for rid, t in forward.prompt_logprobs.items()}
             step.pooled = forward.pooled
         if self.device.type == "cuda":

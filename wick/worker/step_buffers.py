@@ -26,10 +26,12 @@ class PackedStep:
 
 class StepBuffers:
     """Sections at offsets that depend only on a step's token count t and request count b (padding rows
-    included): the int64 array holds input ids [0, t), positions [t, 2t), slots [2t, 3t), then the gather
-    targets, their sources and the rows that sample; the int32 array holds query_start_loc [0, b + 1),
-    seq_lens [b + 1, 2b + 1), then the block table [b rows, width]. A decode graph of batch b is captured on
-    the sections of t = b, so packing a step of that shape is all its replay needs.
+    included): the int64 array holds input ids [0, t), positions [t, 2t), slots [2t, 3t), the requests' seeds
+    [3t, 3t + b) and sampling steps (output tokens before this one) [3t + b, 3t + 2b), then the gather targets,
+    their sources and the rows that sample; the int32 array holds query_start_loc [0, b + 1), seq_lens
+    [b + 1, 2b + 1), the temperatures' float32 bits [2b + 1, 3b + 1), then the block table [b rows, width]. A
+    decode graph of batch b is captured on the sections of t = b, so packing a step of that shape is all its
+    replay (its draw included) needs.
 
     On a GPU the host arrays are pinned and come in two sets used in turn, so that packing a step never
     overwrites a set whose copy the device has not made yet (one step is in flight while the next packs)."""
@@ -38,8 +40,8 @@ class StepBuffers:
                  device: torch.device) -> None:
         self.block_size = block_size
         self.max_tokens, self.max_reqs = max_tokens, max_reqs
-        num_longs = 3 * max_tokens + 3 * max_reqs
-        num_ints = 2 * max_reqs + 1 + max_reqs * max_blocks
+        num_longs = 3 * max_tokens + 5 * max_reqs
+        num_ints = 3 * max_reqs + 1 + max_reqs * max_blocks
         on_gpu = device.type == "cuda"
         sets = 2 if on_gpu else 1
         self._longs_host = [torch.zeros(num_longs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(sets)]
@@ -50,16 +52,17 @@ class StepBuffers:
         self.ints = torch.zeros(num_ints, dtype=torch.int32, device=device) if on_gpu else self._ints_host[0]
 
     def decode_views(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """(input_ids, positions, slot_mapping, query_start_loc, seq_lens) of a decode step of `batch` rows."""
-        longs, ints = self.longs, self.ints
-        return (longs[:batch], longs[batch:2 * batch], longs[2 * batch:3 * batch], ints[:batch + 1],
-                ints[batch + 1:2 * batch + 1])
+        """(input_ids, positions, slot_mapping, query_start_loc, seq_lens, temperature, seeds, steps) of a decode
+        step of `batch` rows."""
+        longs, ints, b = self.longs, self.ints, batch
+        return (longs[:b], longs[b:2 * b], longs[2 * b:3 * b], ints[:b + 1], ints[b + 1:2 * b + 1],
+                ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * b:4 * b], longs[4 * b:5 * b])
 
     def fill_decode(self, batch: int) -> None:
-        """Inputs a decode graph can be captured on: one token of context per row, nothing written."""
-        ids, positions, slots, query_start_loc, seq_lens = self.decode_views(batch)
-        ids.zero_()
-        positions.zero_()
+        """Inputs a decode graph can be captured on: one token of context per row, nothing written, greedy."""
+        ids, positions, slots, query_start_loc, seq_lens, temperature, seeds, steps = self.decode_views(batch)
+        for zeroed in (ids, positions, temperature, seeds, steps):
+            zeroed.zero_()
         slots.fill_(-1)
         query_start_loc.copy_(torch.arange(batch + 1, dtype=torch.int32))
         seq_lens.fill_(1)
@@ -92,8 +95,11 @@ class StepBuffers:
         seq_lens = ints[b + 1:2 * b + 1]
         seq_lens[:n] = starts + counts
         seq_lens[n:] = 1
-        num_ints = 2 * b + 1 + n * width
-        table = ints[2 * b + 1:num_ints].reshape(n, width)
+        temperature = ints[2 * b + 1:3 * b + 1].view(np.float32)
+        temperature[:n] = batch.temperature[rows]
+        temperature[n:] = 0.0
+        num_ints = 3 * b + 1 + n * width
+        table = ints[3 * b + 1:num_ints].reshape(n, width)
         np.take(batch.block_table[:, :width], rows, axis=0, out=table)
 
         positions = longs[t:2 * t]
@@ -105,6 +111,13 @@ class StepBuffers:
         slots[:t_real] = batch.block_table[owner_rows, positions[:t_real] // bs].astype(np.int64) * bs
         slots[:t_real] += positions[:t_real] % bs
         slots[t_real:] = -1
+        seeds, steps = longs[3 * t:3 * t + b], longs[3 * t + b:3 * t + 2 * b]
+        seeds[:n] = batch.seed[rows]
+        # a sampling row's context ends with its newest token, so its output tokens so far are the context
+        # past the prompt (the sampler's step); rows that do not sample draw nothing
+        steps[:n] = seq_lens[:n] - batch.num_prompt_tokens[rows]
+        seeds[n:] = 0
+        steps[n:] = 0
 
         ids = longs[:t]
         gather_dst: list[int] = []
@@ -124,15 +137,15 @@ class StepBuffers:
                 ids[offset:offset + end - start] = tokens[start:end]
             offset += k
         ids[t_real:] = 0
-        g = len(gather_dst)
-        longs[3 * t:3 * t + g] = gather_dst
-        longs[3 * t + g:3 * t + 2 * g] = gather_src
+        g, tail = len(gather_dst), 3 * t + 2 * b
+        longs[tail:tail + g] = gather_dst
+        longs[tail + g:tail + 2 * g] = gather_src
         sampling = [i for i, item in enumerate(scheduled) if item.samples]
         every_row = t_real == n and len(sampling) == n
         num_rows = 0 if every_row else len(sampling)
-        num_longs = 3 * t + 2 * g + num_rows
+        num_longs = tail + 2 * g + num_rows
         if num_rows:
-            longs[3 * t + 2 * g:num_longs] = query_start[1:n + 1][sampling] - 1
+            longs[tail + 2 * g:num_longs] = query_start[1:n + 1][sampling] - 1
 
         if self.longs.device.type == "cuda":
             self.longs[:num_longs].copy_(self._longs_host[stage][:num_longs], non_blocking=True)
@@ -143,9 +156,9 @@ class StepBuffers:
         dev_longs, dev_ints = self.longs, self.ints
         metadata = AttentionMetadata(
             slot_mapping=dev_longs[2 * t:3 * t], query_start_loc=dev_ints[:b + 1], seq_lens=dev_ints[b + 1:2 * b + 1],
-            block_tables=dev_ints[2 * b + 1:num_ints].view(n, width), max_query_len=int(counts.max()),
+            block_tables=dev_ints[3 * b + 1:num_ints].view(n, width), max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens[:n].max()), query_start_loc_cpu=query_start.tolist(),
             seq_lens_cpu=seq_lens.tolist(), block_tables_cpu=table)
-        gather = (dev_longs[3 * t:3 * t + g], dev_longs[3 * t + g:3 * t + 2 * g]) if g else None
-        logit_rows = dev_longs[3 * t + 2 * g:num_longs] if num_rows else None
+        gather = (dev_longs[tail:tail + g], dev_longs[tail + g:tail + 2 * g]) if g else None
+        logit_rows = dev_longs[tail + 2 * g:num_longs] if num_rows else None
         return PackedStep(dev_longs[:t], dev_longs[t:2 * t], metadata, gather, logit_rows, n)
