@@ -64,6 +64,8 @@ def main() -> None:
                         help="then run this many steps under the torch profiler and print where the time goes")
     parser.add_argument("--profile-sort", default="self_cpu_time_total",
                         help="the profiler table's order: self_cpu_time_total (the host) or self_cuda_time_total")
+    parser.add_argument("--trace", default=None,
+                        help="with --profile-steps: also write the profiler's Chrome trace (GPU timestamps) here")
     parser.add_argument("--cprofile-steps", type=int, default=0,
                         help="then run this many steps under cProfile and print the host functions by own time")
     args = parser.parse_args()
@@ -110,6 +112,8 @@ def main() -> None:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profile:
             llm.generate(prompts, params)
+        if args.trace:
+            profile.export_chrome_trace(args.trace)
         print(f"torch profiler, {args.profile_steps} steps (times in total):")
         print(profile.key_averages().table(sort_by=args.profile_sort, row_limit=30, max_name_column_width=60))
 

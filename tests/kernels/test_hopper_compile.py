@@ -1,7 +1,7 @@
-"""The gated GEMVs, the split paged attention and the sampler's draw compiled for an H100 (sm_90) by Triton's own
-compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not check, such as the
-shapes a compiled kernel must keep. The compiler runs in a child process, since this folder's kernels are imported
-interpreted (conftest.py)."""
+"""The gated GEMVs, the split paged attention, RMSNorm and the sampler's draw compiled for an H100 (sm_90) by
+Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not check,
+such as the shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs in
+a child process, since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ DENSE = ("wick.kernels.dense_gemv:_dense_gemv_kernel",
 FP8 = ("wick.kernels.fp8_matmul:_fp8_gemv_kernel",
        {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "out_ptr": "*bf16", "experts_ptr": "*i64"})
 VARIANTS = {
-    **{f"dense act {act}": (*DENSE, {"BLOCK_N": 2, "BLOCK_K": 1024, "HAS_BIAS": True, "ACT": act, "PDL": True})
+    **{f"dense act {act}": (*DENSE, {"BLOCK_N": 2, "BLOCK_K": 1024, "HAS_BIAS": True, "ACT": act, "PDL": 1})
        for act in (-1, 0, 1, 2)},
     **{f"fp8 act {act} experts {experts} groups {groups}": (
         *FP8, {"BLOCK_SN": 128, "BLOCK_SK": 128 if groups > 1 else 4096, "BLOCK_N": 2,
                "BLOCK_K": 512 if groups > 1 else 2048, "GROUPS": groups, "X_ROW_DIV": 1, "EXPERTS": experts,
-               "ACT": act, "PDL": not experts})
+               "ACT": act, "PDL": int(not experts)})
        for act, experts, groups in ((-1, False, 1), (0, False, 1), (0, True, 1), (0, False, 4))},
     "paged attention, split": (
         "wick.kernels.paged_attention:_paged_attention_kernel",
@@ -34,7 +34,13 @@ VARIANTS = {
          "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32", "v_scale": "fp32",
          "soft_cap": "fp32"},
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
-         "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32", "PDL": True}),
+         "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32", "PDL": 2}),
+    **{f"rms norm pdl {pdl}": (
+        "wick.kernels.rms_norm:_rms_norm_kernel",
+        {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "x_weight_ptr": "*bf16",
+         "eps": "fp32", "x_eps": "fp32"},
+        {"D": 1024, "BLOCK_D": 1024, "BLOCK_ROWS": 2, "HAS_RESIDUAL": True, "X_NORM": False, "PDL": pdl})
+       for pdl in (1, 2)},
     "sampling race, bf16 logits": (
         "wick.kernels.sampling:_race_chunk_kernel",
         {"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "seeds_ptr": "*i64", "steps_ptr": "*i64",
@@ -43,30 +49,35 @@ VARIANTS = {
 }
 
 CHILD = """
-import importlib, json, sys
+import importlib, json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 sys.path.insert(0, sys.argv[1])
 from test_hopper_compile import VARIANTS
-waits = {}
+order = {}
 for name, (where, pointers, constexprs) in VARIANTS.items():
     module, kernel = where.split(":")
     kernel = getattr(importlib.import_module(module), kernel)
     signature = {arg: pointers.get(arg, "constexpr" if arg in constexprs else "i32") for arg in kernel.arg_names}
     ptx = triton.compile(ASTSource(kernel, signature=signature, constexprs=constexprs),
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    waits[name] = "griddepcontrol.wait" in ptx
-print(json.dumps(waits))
+    order[name] = re.findall(r"griddepcontrol\\.(\\w+)", ptx)
+print(json.dumps(order))
 """
 
 
 @pytest.mark.skipif("nvidia" not in triton.backends.backends, reason="Triton without its CUDA backend")
 def test_kernels_compile_for_hopper() -> None:
-    """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait)."""
+    """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait); a small
+    kernel releases its successor before its wait where PDL is 1 and after it where 2, a GEMV at its start."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
-    waits = json.loads(child.stdout.strip().splitlines()[-1])
-    assert waits == {name: constexprs.get("PDL", False) for name, (_, _, constexprs) in VARIANTS.items()}
+    order = json.loads(child.stdout.strip().splitlines()[-1])
+    assert {name: "wait" in steps for name, steps in order.items()} == {
+        name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
+    assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
+    assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
+    assert order["dense act -1"][0] == "launch_dependents"

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from wick import LLM, SamplingParams
+from wick.kernels import pdl
 
 SMALL_VOCAB = 512  # the vocabulary of the small_model_dir fixture
 
@@ -34,6 +35,20 @@ def test_fp32_gpu_greedy_equals_cpu_torch_backend(small_model_dir, enforce_eager
     cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch")
     expected = [o.outputs[0].token_ids for o in cpu.generate(_prompts(), params)]
     gpu = _gpu_llm(small_model_dir, "float32", enforce_eager)
+    assert [o.outputs[0].token_ids for o in gpu.generate(_prompts(), params)] == expected
+
+
+def test_late_release_greedy_equals_cpu_torch_backend(small_model_dir, monkeypatch):
+    """Small kernels releasing their successor after their wait (kernels/pdl.py), as models of a hidden size of
+    2,048 and more run them, in the decode graphs."""
+    monkeypatch.setattr(pdl, "_release_early", pdl._release_early)  # put back after the test
+    monkeypatch.setattr(pdl, "RELEASE_EARLY_BELOW_HIDDEN", 0)
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch")
+    expected = [o.outputs[0].token_ids for o in cpu.generate(_prompts(), params)]
+    gpu = _gpu_llm(small_model_dir, "float32", enforce_eager=False)
+    assert pdl.pdl_options(torch.empty(1, device="cuda"))["PDL"] == (2 if pdl.uses_pdl(torch.empty(1, device="cuda"))
+                                                                      else 0)
     assert [o.outputs[0].token_ids for o in gpu.generate(_prompts(), params)] == expected
 
 

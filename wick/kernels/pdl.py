@@ -4,11 +4,17 @@ and may load what no kernel writes (weights) before that. A kernel that calls `g
 successor launch at once instead of when it ends.
 
 A kernel of a decode step takes part through one constexpr, PDL (set by pdl_options): it lets its successor launch
-(most at their start, `pdl_prologue`) and waits before it touches memory another kernel writes, in every program,
-before it ends. So a kernel that has waited may read what any kernel before it wrote: the one before it has ended,
-and that one ended only after its own wait. A successor's programs launch once every program of the kernel has
-started, so they take no SM from it; but they are placed on the SMs free at that moment, so a kernel of one wave
-sized to the SMs (the int8 GEMVs) must not launch early (int8_activations.quantize_q8)."""
+(the GEMVs at their start, the small kernels by `pdl_prologue`) and waits before it touches memory another kernel
+writes, in every program, before it ends. So a kernel that has waited may read what any kernel before it wrote: the
+one before it has ended, and that one ended only after its own wait. A successor's programs launch once every
+program of the kernel has started, so they take no SM from it; but they are placed on the SMs free at that moment,
+so a kernel of one wave sized to the SMs (the int8 GEMVs) must not launch early (int8_activations.quantize_q8).
+
+Where a small kernel sits between two GEMVs, releasing the second at its start hides that launch, which pays where
+GEMVs take a few microseconds, but lets the second GEMV's programs take SMs while the first one's last wave still
+runs, which costs the larger models more (docs/benchmarks.md, sessions 22 and 23). So a model chooses, once, by its
+hidden size and weights (set_release_early): PDL is 1 where small kernels release their successor at their start, 2
+where they release it after their wait; the GEMVs release theirs at their start either way."""
 
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ import triton.language as tl
 
 # gdc_wait, gdc_launch_dependents and the launch_pdl option came together (Triton 3.4).
 TRITON_HAS_PDL = hasattr(tl.extra.cuda, "gdc_wait")
+# Models whose hidden size is below this have small kernels release their successor at their start.
+RELEASE_EARLY_BELOW_HIDDEN = 2048
+_release_early = True
 
 
 @functools.cache
@@ -33,15 +42,37 @@ def uses_pdl(t: torch.Tensor) -> bool:
     return TRITON_HAS_PDL and t.is_cuda and _hopper(t.device)
 
 
-def pdl_options(t: torch.Tensor) -> dict[str, bool]:
-    """Launch options of a kernel with a PDL constexpr that waits before it touches its predecessor's memory: PDL,
-    and launch_pdl only where it is on (a Triton without PDL rejects the option even when false)."""
-    return {"PDL": True, "launch_pdl": True} if uses_pdl(t) else {"PDL": False}
+def set_release_early(hidden_size: int, int8_activations: bool) -> None:
+    """Chooses, for the model of this process, where small kernels release their successor (the module's docstring):
+    at their start below RELEASE_EARLY_BELOW_HIDDEN, and where the GEMVs take int8 activations (whose quantize
+    kernel launches without PDL: there the late release measured 1% slower), else after their wait."""
+    global _release_early
+    _release_early = hidden_size < RELEASE_EARLY_BELOW_HIDDEN or int8_activations
+
+
+def pdl_options(t: torch.Tensor) -> dict[str, int | bool]:
+    """Launch options of a kernel with a PDL constexpr that waits before it touches its predecessor's memory: PDL (0
+    off, 1 releasing early, 2 late), and launch_pdl only where it is on (a Triton without PDL rejects the option even
+    when false)."""
+    return {"PDL": 1 if _release_early else 2, "launch_pdl": True} if uses_pdl(t) else {"PDL": 0}
+
+
+@triton.jit
+def gemv_pdl_prologue(PDL: tl.constexpr):
+    """A GEMV's prologue where PDL: it lets its successor launch at once whatever the model's choice, then waits
+    for the kernel before it."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
-    """Where PDL: lets the kernel's successor launch, then waits for the kernel before it."""
-    if PDL:
+    """Where PDL is 1: lets the kernel's successor launch, then waits for the kernel before it; where 2, the other
+    way round."""
+    if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    elif PDL == 2:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()

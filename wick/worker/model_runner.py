@@ -72,6 +72,13 @@ class ModelRunner:
         self.block_size = config.block_size
         self.show_progress = show_progress
         self.model = self._load_model()
+        if self.device.type == "cuda":
+            # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+            from wick.kernels.pdl import set_release_early
+
+            quantization = config.quant_config
+            set_release_early((getattr(self.model, "cfg", None) or config.hf_config).hidden_size,
+                              quantization is not None and quantization.int8_activations)
         # every layer that keeps a paged KV cache declares its shapes (Attention; MLA its compressed one)
         self.attention_layers = [m for m in self.model.modules() if hasattr(m, "kv_cache_shapes")]
         max_blocks = -(-config.max_model_len // self.block_size)

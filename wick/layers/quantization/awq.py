@@ -29,6 +29,7 @@ _PACK = 8
 
 class AWQConfig(QuantizationConfig):
     name = "awq"
+    int8_activations = True
 
     def __init__(self, group_size: int, zero_point: bool) -> None:
         self.group_size = group_size

@@ -31,6 +31,9 @@ class QuantizationConfig(ABC):
     """How the weights of one model are stored. `name` is what the load log and errors show."""
 
     name: str = ""
+    # Whether its layers' batch-1 GEMVs quantize x to int8 first (int8_activations.quantize_q8), which takes them out
+    # of programmatic dependent launch's early start (kernels/pdl.py).
+    int8_activations: bool = False
 
     @abstractmethod
     def get_linear_method(self) -> LinearMethod:

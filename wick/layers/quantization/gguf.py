@@ -111,6 +111,7 @@ def _triton_types() -> frozenset[GGMLQuantizationType]:
 
 class GGUFConfig(QuantizationConfig):
     name = "gguf"
+    int8_activations = True
 
     def __init__(self, file_type: int | None = None) -> None:
         self.file_type = file_type

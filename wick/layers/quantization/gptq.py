@@ -19,6 +19,7 @@ from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, Qua
 
 class GPTQConfig(QuantizationConfig):
     name = "gptq"
+    int8_activations = True
 
     def __init__(self, bits: int, group_size: int, desc_act: bool, sym: bool, zero_offset: int) -> None:
         self.bits = bits

@@ -27,6 +27,8 @@ _FALLBACK = {T.Q2_K: T.Q4_0, T.Q3_K: T.Q4_0, T.Q4_K: T.Q5_0, T.Q5_K: T.Q5_1, T.Q
 
 
 class InSituGGUFConfig(QuantizationConfig):
+    int8_activations = True
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.qtype = GGMLQuantizationType[name.upper()]
