@@ -2,6 +2,7 @@
 prefill. Prints microseconds and the achieved K/V read bandwidth (bytes of the K/V the batch attends
 to / time); decode also shows the split-KV choice against no split. `--splits-sweep`: one request's decode
 at short contexts, every split count, timed in CUDA graphs (what the split choice's MIN_SPLIT_TOKENS rests on).
+`--config-sweep`: decode at batch 64 and 256, every (keys a tile, warps, pipeline stages), timed in CUDA graphs.
 
     python -m benchmarks.kernels.bench_paged_attention [--num-heads 32 --num-kv-heads 8 --head-dim 128]
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from triton.runtime.errors import OutOfResources
 from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import print_environment
@@ -48,6 +50,7 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--splits-sweep", action="store_true")
+    parser.add_argument("--config-sweep", action="store_true")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_paged_attention needs a CUDA device")
@@ -57,6 +60,9 @@ def main() -> None:
     group = args.num_heads // args.num_kv_heads
     if args.splits_sweep:
         splits_sweep(args)
+        return
+    if args.config_sweep:
+        config_sweep(args)
         return
 
     print(f"{'decode':>8} {'context':>8} {'splits':>6} {'us':>9} {'GB/s':>8} {'us (no split)':>14} {'GB/s':>8}")
@@ -95,6 +101,32 @@ def splits_sweep(args: argparse.Namespace) -> None:
             run()
             times.append(do_bench_cudagraph(run) * 1e3)
         print(f"{context} | " + " | ".join(f"{t:.1f}" for t in times))
+
+
+
+def config_sweep(args: argparse.Namespace) -> None:
+    configs = [(n, w, s) for n in (32, 64, 128) for w in (2, 4, 8) for s in (1, 2, 3)]
+    for batch in (64, 256):
+        for context in (512, 1024, 2048):
+            seq_lens = [context] * batch
+            inputs = make_inputs([1] * batch, seq_lens, args)
+            scale = inputs[0].shape[-1] ** -0.5
+            out = torch.empty_like(inputs[0])
+            times = {}
+            for config in [None, *configs]:
+                def run(inputs=inputs, scale=scale, context=context, out=out, config=config):
+                    return paged_attention(*inputs, scale, 1, context, out=out, config=config)
+
+                try:
+                    run()
+                    times[config] = do_bench_cudagraph(run) * 1e3
+                except OutOfResources:  # more shared memory than an SM holds
+                    print(f"  {config}: out of resources")
+            best = sorted((t, c) for c, t in times.items() if c is not None)[:3]
+            gbs = kv_bytes(seq_lens, args) / 1e3
+            print(f"batch {batch} context {context}: default {times[None]:.1f} us ({gbs / times[None]:.0f} GB/s); "
+                  + "; ".join(f"{c} {t:.1f} us ({gbs / t:.0f} GB/s)" for t, c in best))
+            del inputs
 
 
 if __name__ == "__main__":

@@ -245,6 +245,7 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of a packed batch of queries over their requests' cached keys/values.
 
@@ -261,6 +262,7 @@ def paged_attention(
     bound such as max_model_len) and scale the same at capture and replay.
 
     An fp8 cache holds K / k_scale and V / v_scale; the pages are converted to q's dtype as they load.
+    config: (keys per K/V tile, warps, pipeline stages), for benchmarks; None takes tile_config's and 4 warps.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -275,6 +277,9 @@ def paged_attention(
         raise ValueError("paged_attention needs the head dimension contiguous")
     group = num_heads // num_kv_heads
     block_q, group_pad, block_n = tile_config(max_query_len, group, head_dim)
+    launch = {"num_warps": 4}
+    if config is not None:
+        block_n, launch["num_warps"], launch["num_stages"] = config
     query_tiles = num_query_tiles(num_tokens, num_reqs, block_q)
     if num_splits is None:
         num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
@@ -298,7 +303,7 @@ def paged_attention(
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, REQ_CHUNK=128,
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        num_warps=4, **pdl_options(q),
+        **launch, **pdl_options(q),
     )
     if split:
         _combine_splits_kernel[(num_tokens, num_heads)](
@@ -321,6 +326,7 @@ def paged_attention_ref(
     logits_soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Pure-torch reference of paged_attention, in fp32, one request at a time; other rows are zero."""
     _, block_size, num_kv_heads, _ = k_cache.shape
