@@ -48,11 +48,12 @@ def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_k
 
 def check(seq_lens: list[int], query_lens: list[int], num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
           block_size: int = 4, dtype: torch.dtype = torch.float32, num_splits: int | None = None,
-          device: str = DEVICE, sliding_window: int | None = None, soft_cap: float | None = None) -> None:
+          device: str = DEVICE, sliding_window: int | None = None, soft_cap: float | None = None,
+          config: tuple[int, int, int] | None = None) -> None:
     batch = make_batch(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device=device)
     scale = head_dim**-0.5
     out = paged_attention(*batch, scale, max(query_lens), max(seq_lens), num_splits=num_splits,
-                          sliding_window=sliding_window, logits_soft_cap=soft_cap)
+                          sliding_window=sliding_window, logits_soft_cap=soft_cap, config=config)
     expected = paged_attention_ref(*batch, scale, sliding_window, soft_cap)
     assert out.dtype == dtype
     torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
@@ -67,6 +68,12 @@ def test_mixed_batch(dtype: torch.dtype, group: int) -> None:
 @pytest.mark.parametrize("group", [1, 4])
 def test_decode(group: int) -> None:
     check(*DECODE, num_heads=2 * group, head_dim=32, block_size=16, dtype=torch.float16)
+
+
+@pytest.mark.parametrize("config", [(32, 2, 1), (64, 8, 2)])
+def test_decode_other_configs(config: tuple[int, int, int]) -> None:
+    """The benchmark's configs (keys a tile, warps, stages) compute the same attention."""
+    check(*DECODE, num_heads=4, head_dim=32, block_size=16, dtype=torch.float16, num_splits=2, config=config)
 
 
 def test_prefill_longer_than_a_tile() -> None:
