@@ -326,7 +326,6 @@ def paged_attention_ref(
     logits_soft_cap: float | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
-    config: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """Pure-torch reference of paged_attention, in fp32, one request at a time; other rows are zero."""
     _, block_size, num_kv_heads, _ = k_cache.shape
