@@ -1,7 +1,7 @@
-"""The gated GEMVs, the split paged attention, RMSNorm and the sampler's draw compiled for an H100 (sm_90) by
-Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not check,
-such as the shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs in
-a child process, since this folder's kernels are imported interpreted (conftest.py)."""
+"""The gated GEMVs, two int8 GEMVs, the split paged attention, RMSNorm and the sampler's draw compiled for an H100
+(sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not
+check, such as the shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs
+in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,14 @@ VARIANTS = {
          "eps": "fp32", "x_eps": "fp32"},
         {"D": 1024, "BLOCK_D": 1024, "BLOCK_ROWS": 2, "HAS_RESIDUAL": True, "X_NORM": False, "PDL": pdl})
        for pdl in (1, 2)},
+    **{f"int8 gemv {name}": (
+        f"wick.kernels.gguf_int8_gemv:{kernel}",
+        {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*u8", "out_ptr": "*bf16",
+         "work_ptr": "*fp32", "counts_ptr": "*i32", "experts_ptr": "*i64"},
+        {"BLOCK_N": 8, "BLOCK_B": 2, "SPLIT": True, "DP4A": True, "EXPERTS": False, "X_ROW_DIV": 1, "PDL": 1,
+         **extra})
+       for name, kernel, extra in (("q4_k", "_k_q8_gemv_kernel", {"FIFTH_BIT": False}),
+                                   ("iq4_xs", "_iq4_xs_q8_gemv_kernel", {}))},
     "sampling race, bf16 logits": (
         "wick.kernels.sampling:_race_chunk_kernel",
         {"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "seeds_ptr": "*i64", "steps_ptr": "*i64",

@@ -14,7 +14,8 @@ import triton.language as tl
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from wick.kernels.gemv_split import SplitK, store_split_output
-from wick.kernels.gguf_int8_gemv import halves_word, iq4_level_bytes, k_scale_min_words, q4_k_head, runs_int8_gemv
+from wick.kernels.gguf_int8_gemv import runs_int8_gemv
+from wick.kernels.gguf_words import halves_word, iq4_level_bytes, k_scale_min_words, q4_k_head
 from wick.kernels.int8_activations import DP4A
 
 T = GGMLQuantizationType
