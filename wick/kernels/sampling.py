@@ -65,7 +65,7 @@ def _race_chunk_kernel(
     key = _row_key(seeds_ptr, steps_ptr, row)
     temperature = tl.load(temperature_ptr + row)
     greedy = temperature < greedy_below
-    inverse_temperature = tl.div_rn(1.0, temperature)
+    inverse_temperature = tl.div_rn(1.0, tl.maximum(temperature, greedy_below))  # as the torch path clamps
     row_ptr = logits_ptr + row.to(tl.int64) * stride_row
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
