@@ -27,7 +27,7 @@ class SamplingRow:
     logprobs: int | None
     adjusts_logits: bool  # logit_bias or min_tokens: the rows the sampler metadata looks at one by one
 
-    @property
+    @cached_property
     def plain(self) -> bool:
         """Drawn from its temperature, seed and step alone (no filter, penalty, logit adjustment or logprobs): what
         a decode graph's own draw covers."""
