@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
 from wick.kernels.gguf_words import halves_word, iq4_level_bytes, k_scale_min_words, q4_k_head
 from wick.kernels.int8_activations import DP4A, dp4a, dp4a_signed, quantize_q8
-from wick.kernels.pdl import gemv_pdl_prologue, pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 T = GGMLQuantizationType
 # Rows of W per program, blocks per step, warps, and the warps an SM that splitting K aims at (0: no split)
@@ -58,7 +58,7 @@ def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.const
     index; where EXPERTS the output rows are (token, expert) pairs instead, W the pair's expert (experts_ptr[pair],
     expert_bytes apart) and x's row the pair's token (pair // X_ROW_DIV). Where PDL (pdl.py) the kernel lets its
     successor launch and waits for x's codes (and the experts' ids) first."""
-    gemv_pdl_prologue(PDL)
+    pdl_prologue(PDL)
     pair = tl.program_id(0).to(tl.int64)
     if EXPERTS:
         w_ptr += tl.load(experts_ptr + pair).to(tl.int64) * expert_bytes

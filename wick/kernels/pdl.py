@@ -14,7 +14,8 @@ Where a small kernel sits between two GEMVs, releasing the second at its start h
 GEMVs take a few microseconds, but lets the second GEMV's programs take SMs while the first one's last wave still
 runs, which costs the larger models more (docs/benchmarks.md, sessions 22 and 23). So a model chooses, once, by its
 hidden size and weights (set_release_early): PDL is 1 where small kernels release their successor at their start, 2
-where they release it after their wait; the GEMVs release theirs at their start either way."""
+where they release it after their wait. The float and fp8 GEMVs release theirs at their start either way; the int8
+GEMVs use `pdl_prologue`, whose order is always the early one in the models that run them."""
 
 from __future__ import annotations
 
@@ -55,15 +56,6 @@ def pdl_options(t: torch.Tensor) -> dict[str, int | bool]:
     off, 1 releasing early, 2 late), and launch_pdl only where it is on (a Triton without PDL rejects the option even
     when false)."""
     return {"PDL": 1 if _release_early else 2, "launch_pdl": True} if uses_pdl(t) else {"PDL": 0}
-
-
-@triton.jit
-def gemv_pdl_prologue(PDL: tl.constexpr):
-    """A GEMV's prologue where PDL: it lets its successor launch at once whatever the model's choice, then waits
-    for the kernel before it."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
 
 
 @triton.jit

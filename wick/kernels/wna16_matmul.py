@@ -16,7 +16,7 @@ import triton.language as tl
 
 from wick.kernels.gemv_split import SplitK, store_split_output
 from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
-from wick.kernels.pdl import gemv_pdl_prologue, pdl_options
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 
 def unpack_rows(qweight: torch.Tensor, bits: int) -> torch.Tensor:
@@ -205,7 +205,7 @@ def _w4a8_gemv_kernel(
     integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Where SPLIT,
     program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py). Output row m reads row
     m // X_ROW_DIV of x; EXPERTS: W, its scales and zero points those of expert experts[m] of stacked ones."""
-    gemv_pdl_prologue(PDL)
+    pdl_prologue(PDL)
     WORDS: tl.constexpr = BLOCK_K // 8
     m = tl.program_id(0)
     if EXPERTS:
