@@ -35,8 +35,9 @@ def _reference(scheduled, previous_rows, blocks):
     return ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows
 
 
-def _check(step, scheduled, previous_rows, blocks, buffers):
-    """`blocks`: each request's block ids as the test handed them out, the reference's own record."""
+def _check(step, scheduled, previous_rows, blocks, buffers, graph=False):
+    """`blocks`: each request's block ids as the test handed them out, the reference's own record. `graph`: packed
+    for a decode graph, which takes the pending tokens itself."""
     ids, positions, slots, starts, seq_lens, tables, gathers, sample_rows = _reference(scheduled, previous_rows,
                                                                                        blocks)
     t = len(ids)
@@ -51,15 +52,21 @@ def _check(step, scheduled, previous_rows, blocks, buffers):
     assert m.block_tables.tolist() == tables == m.block_tables_cpu.tolist()
     assert m.max_query_len == max(item.num_new_tokens for item in scheduled)
     assert m.max_seq_len == max(seq_lens)
-    got_gathers = [] if step.gather is None else list(zip(*(g.tolist() for g in step.gather), strict=True))
-    assert got_gathers == gathers
+    padded_t, b = step.input_ids.numel(), m.query_start_loc.numel() - 1
+    previous = buffers.longs[3 * padded_t + 2 * b:3 * padded_t + 3 * b].tolist()
+    if graph:
+        assert step.gather is None
+        assert [(row, source) for row, source in enumerate(previous) if source >= 0] == gathers
+    else:
+        got_gathers = [] if step.gather is None else list(zip(*(g.tolist() for g in step.gather), strict=True))
+        assert got_gathers == gathers and previous == [-1] * b
     if step.logit_rows is None:
         assert sample_rows == list(range(len(scheduled))) and t == len(scheduled)
     else:
         assert step.logit_rows.tolist() == sample_rows
     # a sampling row's draw: its request's temperature and seed, the count of its output tokens so far
-    padded_t, b = step.input_ids.numel(), m.query_start_loc.numel() - 1
-    temperature = buffers.ints[2 * b + 1:3 * b + 1].view(torch.float32)
+    ints = buffers.ints[2 * (3 * padded_t + 3 * b):]
+    temperature = ints[2 * b + 1:3 * b + 1].view(torch.float32)
     seeds = buffers.longs[3 * padded_t:3 * padded_t + b]
     steps = buffers.longs[3 * padded_t + b:3 * padded_t + 2 * b]
     for row, item in enumerate(scheduled):
@@ -115,14 +122,15 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
                              num_scheduled_tokens={d.req_id: 1 for d in news})
     scheduled = batch.update(decode)
     step = buffers.pack(scheduled, batch, {}, pad_to=8)
-    _check(step, scheduled, {}, {d.req_id: d.block_ids for d in news}, buffers)
+    _check(step, scheduled, {}, {d.req_id: d.block_ids for d in news}, buffers, graph=True)
     assert step.logit_rows is None and step.num_reqs == 3
     m = step.metadata
     assert step.input_ids.numel() == 8 and step.input_ids[3:].tolist() == [0] * 5
     assert m.slot_mapping[3:].tolist() == [-1] * 5 and m.seq_lens[3:].tolist() == [1] * 5
     assert m.query_start_loc.tolist() == list(range(9))
     # what the graph of batch 8 reads: the real rows' draws, then greedy padding
-    temperature, seeds, steps = buffers.decode_views(8)[5:]
+    views = buffers.decode_views(8)
+    temperature, seeds, steps = views.temperature, views.seeds, views.steps
     states = [item.state for item in scheduled]
     assert temperature.tolist() == [s.sampling_params.temperature for s in states] + [0.0] * 5
     assert seeds.tolist() == [s.seed for s in states] + [0] * 5
@@ -131,3 +139,35 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
     batch.update(SchedulerOutput(finished_req_ids=["r1"], scheduled_new_reqs=[_new("d", [1, 2], [20])],
                                  num_scheduled_tokens={"d": 2}))
     assert batch.requests["d"].row == rows_before["r1"] and batch.block_ids(batch.requests["d"]) == [20]
+
+
+def test_decode_graph_step_takes_pending_tokens_and_block_table_on_the_device():
+    """A padded decode step leaves the previous step's tokens and its block table to kernels.decode_inputs, which
+    the graph runs first: after it, the graph's views hold what the step's requests need."""
+    from wick.kernels.decode_inputs import decode_inputs_torch
+
+    batch = InputBatch(num_rows=4, num_blocks=4)
+    buffers = StepBuffers(32, 8, 8, BLOCK, torch.device("cpu"))
+    news = [_new("x", [5, 6, 7, 8, 9], [3, 8]), _new("y", [1, 2], [4]), _new("z", [7] * 6, [6, 2])]
+    batch.update(SchedulerOutput(scheduled_new_reqs=news, num_scheduled_tokens={d.req_id: len(d.prompt_token_ids)
+                                                                              for d in news}))
+    batch.requests["y"].token_ids.append(42)  # y's token is on the host; x's and z's are still on the device
+    for rid in ("x", "z"):
+        batch.requests[rid].num_pending = 1
+    buffers.samples[:3] = torch.tensor([11, 22, 33])
+    decode = SchedulerOutput(scheduled_cached_reqs=[CachedRequestData(d.req_id, [], len(d.prompt_token_ids))
+                                                    for d in news],
+                             num_scheduled_tokens={"z": 1, "x": 1, "y": 1})
+    scheduled = batch.update(decode)
+    step = buffers.pack(scheduled, batch, {"x": 2, "z": 0}, pad_to=4)
+    assert step.gather is None
+    views = buffers.decode_views(4)
+    assert views.previous_rows.tolist() == [0, 2, -1, -1]
+    assert views.table_shape.tolist() == [3, 2]
+    block_table = torch.full((4, 8), -1, dtype=torch.int32)
+    decode_inputs_torch(views.input_ids, views.previous_rows, buffers.samples, views.table_shape,
+                        views.packed_table, block_table)
+    assert views.input_ids.tolist() == [11, 33, 42, 0]
+    assert block_table[:3, :2].tolist() == [[6, 2], [3, 8], [4, 0]]
+    assert (block_table[3] == -1).all() and (block_table[:, 2:] == -1).all()
+    assert views.seq_lens.tolist() == [7, 6, 3, 1] and views.positions.tolist() == [6, 5, 2, 0]

@@ -119,13 +119,14 @@ def _random_draws_kernel(
 
 
 def exponential_race(logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor,
-                     config: tuple[int, int, int] | None = None) -> torch.Tensor:
+                     config: tuple[int, int, int] | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """[B] int64: per row, argmax over the vocabulary (ties: the lowest token id) of the logits where the row's
     temperature is below the greedy threshold, else of logits * (1 / temperature) - log E, with E the Exp(1) draws
     of wick.layers.sampler.random_exponentials(seeds, steps, V): wick.layers.sampler.exponential_race_torch.
 
     logits [B, V] in any float dtype; temperature [B] float32; seeds, steps [B] int64. No host sync. config:
-    (tokens a step, programs aimed at, warps), for benchmarks; None takes the module's.
+    (tokens a step, programs aimed at, warps), for benchmarks; None takes the module's. out: [B] int64 to write
+    the tokens into.
     """
     block, target_programs, num_warps = config or (_BLOCK, _TARGET_PROGRAMS, _NUM_WARPS)
     num_rows, vocab_size = logits.shape
@@ -137,7 +138,8 @@ def exponential_race(logits: torch.Tensor, temperature: torch.Tensor, seeds: tor
     num_chunks = triton.cdiv(num_blocks, tiles_per_chunk)
     part_score = torch.empty(num_rows, num_chunks, dtype=torch.float32, device=logits.device)
     part_token = torch.empty(num_rows, num_chunks, dtype=torch.int32, device=logits.device)
-    out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
+    if out is None:
+        out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
     _race_chunk_kernel[(num_rows, num_chunks)](

@@ -26,10 +26,11 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    """Each graph runs the forward, the LM head and the draw from the rows' temperatures, seeds and steps
-    (kernels.sampling.exponential_race) on the step buffers' decode sections of its batch size (the block table
-    excepted: a graph reads its own, as wide as the longest context). A step whose rows need more of the sampler
-    (filters, penalties, logprobs, grammar) samples the graph's logits eagerly instead."""
+    """Each graph takes the previous step's tokens and the block table into its inputs (kernels.decode_inputs: a
+    graph reads its own table, as wide as the longest context), runs the forward, the LM head and the draw from
+    the rows' temperatures, seeds and steps into the step buffers' samples (kernels.sampling.exponential_race), on
+    the step buffers' decode sections of its batch size. A step whose rows need more of the sampler (filters,
+    penalties, logprobs, grammar) samples the graph's logits eagerly instead."""
 
     def __init__(self, model: nn.Module, backend: AttentionBackend, buffers: StepBuffers, max_num_seqs: int,
                  max_model_len: int, block_size: int, device: torch.device) -> None:
@@ -45,7 +46,6 @@ class DecodeGraphs:
         self.logits: torch.Tensor | None = None
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.hidden: dict[int, torch.Tensor] = {}
-        self.sampled: dict[int, torch.Tensor] = {}
 
     @property
     def max_batch_size(self) -> int:
@@ -58,24 +58,28 @@ class DecodeGraphs:
     def _metadata(self, bs: int, seq_lens_cpu: list[int], block_tables_cpu: np.ndarray | None) -> AttentionMetadata:
         # Kernels size their grids from the batch size and max_seq_len; the graph is captured with the
         # longest possible context so one graph serves every step.
-        _, _, slots, query_start_loc, seq_lens = self.buffers.decode_views(bs)[:5]
+        views = self.buffers.decode_views(bs)
         return AttentionMetadata(
-            slot_mapping=slots, query_start_loc=query_start_loc, seq_lens=seq_lens,
+            slot_mapping=views.slot_mapping, query_start_loc=views.query_start_loc, seq_lens=views.seq_lens,
             block_tables=self.block_tables[:bs], max_query_len=1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=list(range(bs + 1)), seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu,
             cuda_graph=True)
 
-    def _forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, bs: int) -> torch.Tensor:
         # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
+        from wick.kernels.decode_inputs import decode_inputs
         from wick.kernels.sampling import exponential_race
 
-        ids, positions, _, _, _, temperature, seeds, steps = self.buffers.decode_views(bs)
-        hidden = self.model(ids, positions)
+        views, samples = self.buffers.decode_views(bs), self.buffers.samples
+        decode_inputs(views.input_ids, views.previous_rows, samples, views.table_shape, views.packed_table,
+                      self.block_tables)
+        hidden = self.model(views.input_ids, views.positions)
         logits = self.model.compute_logits(hidden)
         if self.logits is None:
             self.logits = torch.empty((self.sizes[-1], logits.shape[-1]), dtype=logits.dtype, device=logits.device)
         self.logits[:bs].copy_(logits)
-        return hidden, exponential_race(logits, temperature, seeds, steps)
+        exponential_race(logits, views.temperature, views.seeds, views.steps, out=samples[:bs])
+        return hidden
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -90,7 +94,7 @@ class DecodeGraphs:
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.hidden[bs], self.sampled[bs] = self._forward(bs)
+                    self.hidden[bs] = self._forward(bs)
             pool = graph.pool()
             self.graphs[bs] = graph
         torch.cuda.synchronize()
@@ -101,12 +105,10 @@ class DecodeGraphs:
         head's dtype) and the tokens drawn from them (for rows that sample plainly) of its real rows."""
         metadata, n = step.metadata, step.num_reqs
         bs = len(metadata.seq_lens_cpu)
-        tables = metadata.block_tables
-        self.block_tables[:n, :tables.shape[1]].copy_(tables)
         # Backends that plan on the host do it now; padding rows have one token of context.
         host_tables = metadata.block_tables_cpu
         if host_tables is not None and bs > n:
             host_tables = np.concatenate([host_tables, np.zeros((bs - n, host_tables.shape[1]), np.int32)])
         self.backend.prepare(self._metadata(bs, metadata.seq_lens_cpu, host_tables))
         self.graphs[bs].replay()
-        return self.hidden[bs][:n], self.logits[:n], self.sampled[bs][:n]
+        return self.hidden[bs][:n], self.logits[:n], self.buffers.samples[:n]

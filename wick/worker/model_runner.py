@@ -43,11 +43,10 @@ class _ForwardResult:
 
 @dataclass
 class _PendingStep:
-    """A launched step: its sampled tokens on the device (the next step's inputs) and on their way to
-    the host, readable once `done` has passed."""
+    """A launched step: its sampled tokens on their way to the host (on the device they are the step buffers'
+    samples, the next step's inputs), readable once `done` has passed."""
 
     states: list[CachedRequestState] = field(default_factory=list)
-    sampled: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     logprobs: LogprobsTensors | None = None
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
@@ -56,7 +55,7 @@ class _PendingStep:
 
     @cached_property
     def row_of(self) -> dict[str, int]:
-        """Each sampling request's row in `sampled`."""
+        """Each sampling request's row in its samples."""
         return {state.req_id: row for row, state in enumerate(self.states)}
 
 
@@ -216,9 +215,7 @@ class ModelRunner:
         previous_rows = self._pending[-1].row_of if self._pending else {}
         step = self.buffers.pack(scheduled, self.input_batch, previous_rows, pad_to)
         if step.gather is not None:
-            previous = self._pending[-1].sampled
-            assert previous is not None
-            step.input_ids[step.gather[0]] = previous[step.gather[1]]
+            step.input_ids[step.gather[0]] = self.buffers.samples[step.gather[1]]
         samplers = [item for item in scheduled if item.samples]
         logits = sampled = None
         if pad_to is not None:
@@ -255,8 +252,10 @@ class ModelRunner:
                     result = self.sampler(forward.logits,
                                           build_sampling_metadata(states, self.vocab_size, self.device, grammar))
                     sampled, logprobs = result.sampled_token_ids, result.logprobs
-                step.sampled = tp_broadcast(sampled)
-                step.tokens = _to_host(step.sampled)
+                samples = self.buffers.samples[:len(states)]
+                if sampled.data_ptr() != samples.data_ptr():
+                    samples.copy_(sampled)
+                step.tokens = _to_host(tp_broadcast(samples))
                 step.states = states
                 for state in states:
                     state.num_pending += 1
@@ -320,9 +319,10 @@ class ModelRunner:
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """Starts copying a device tensor to the host; read it after the step's event."""
+    """Starts copying a device tensor to the host; read it after the step's event. A copy on the CPU as well: the
+    step buffers' samples are overwritten by the next step."""
     if t.device.type == "cpu":
-        return t
+        return t.clone()
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True)
 
 

@@ -1,9 +1,10 @@
-"""One step's inputs on the device, packed on the host with numpy into pinned staging arrays and taken
-across by two copies (one int64, one int32) instead of a tensor built from Python lists for each input."""
+"""One step's inputs on the device, packed on the host with numpy into a pinned staging buffer and taken across
+by one copy instead of a tensor built from Python lists for each input."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -14,24 +15,45 @@ from wick.worker.input_batch import InputBatch, ScheduledState
 
 @dataclass
 class PackedStep:
-    input_ids: torch.Tensor  # [t] int64, the pending ones still to gather from the previous step's samples
+    input_ids: torch.Tensor  # [t] int64, the pending ones still to take from the previous step's samples
     positions: torch.Tensor  # [t] int64
     metadata: AttentionMetadata
-    # Where input_ids takes a token sampled by the previous step and which of its rows: None when none does.
+    # Where input_ids takes a token sampled by the previous step and which row of `samples`: None when none does
+    # (or a decode graph takes them).
     gather: tuple[torch.Tensor, torch.Tensor] | None
     # The rows of the hidden states whose logits sample, in order; None when they are rows 0 .. n - 1.
     logit_rows: torch.Tensor | None
     num_reqs: int  # the step's requests; a decode graph's batch may be padded past them
 
 
+class DecodeInputs(NamedTuple):
+    """What a decode graph of b rows reads from the step buffers."""
+
+    input_ids: torch.Tensor  # [b] int64
+    positions: torch.Tensor  # [b] int64
+    slot_mapping: torch.Tensor  # [b] int64
+    query_start_loc: torch.Tensor  # [b + 1] int32
+    seq_lens: torch.Tensor  # [b] int32
+    temperature: torch.Tensor  # [b] float32
+    seeds: torch.Tensor  # [b] int64
+    steps: torch.Tensor  # [b] int64
+    previous_rows: torch.Tensor  # [b] int64: the row of `samples` that gives a row its token, -1 where the host did
+    table_shape: torch.Tensor  # [2] int32: the packed block table's rows and width
+    packed_table: torch.Tensor  # int32, flat, from the packed block table's first entry to the buffers' end
+
+
 class StepBuffers:
-    """Sections at offsets that depend only on a step's token count t and request count b (padding rows
-    included): the int64 array holds input ids [0, t), positions [t, 2t), slots [2t, 3t), the requests' seeds
-    [3t, 3t + b) and sampling steps (output tokens before this one) [3t + b, 3t + 2b), then the gather targets,
-    their sources and the rows that sample; the int32 array holds query_start_loc [0, b + 1), seq_lens
-    [b + 1, 2b + 1), the temperatures' float32 bits [2b + 1, 3b + 1), then the block table [b rows, width]. A
-    decode graph of batch b is captured on the sections of t = b, so packing a step of that shape is all its
-    replay (its draw included) needs.
+    """One buffer, taken to the device by one copy, with sections at offsets that depend only on a step's token
+    count t and request count b (padding rows included). As int64: input ids [0, t), positions [t, 2t), slots
+    [2t, 3t), the requests' seeds [3t, 3t + b), sampling steps (output tokens before this one) [3t + b, 3t + 2b)
+    and previous rows [3t + 2b, 3t + 3b) (see DecodeInputs). Then as int32, from int32 index 2 (3t + 3b):
+    query_start_loc (b + 1), seq_lens (b), the temperatures' float32 bits (b), the block table's rows and width (2)
+    and the table. Then, as int64 again, the gather targets, their sources and the rows that sample. A decode graph
+    of batch b is captured on the sections of t = b, so packing a step of that shape is all its replay needs: the
+    graph takes the previous step's tokens from `samples` and copies the block table into its own
+    (kernels.decode_inputs); a step without a graph gathers them itself (PackedStep.gather).
+
+    `samples` holds the newest step's sampled tokens, a row per request that sampled, for the next step.
 
     On a GPU the host arrays are pinned and come in two sets used in turn, so that packing a step never
     overwrites a set whose copy the device has not made yet (one step is in flight while the next packs)."""
@@ -40,38 +62,41 @@ class StepBuffers:
                  device: torch.device) -> None:
         self.block_size = block_size
         self.max_tokens, self.max_reqs = max_tokens, max_reqs
-        num_longs = 3 * max_tokens + 5 * max_reqs
-        num_ints = 3 * max_reqs + 1 + max_reqs * max_blocks
+        max_ints = 3 * max_reqs + 3 + max_reqs * max_blocks
+        num_longs = 3 * max_tokens + 3 * max_reqs + -(-max_ints // 2) + 3 * max_reqs
         on_gpu = device.type == "cuda"
         sets = 2 if on_gpu else 1
-        self._longs_host = [torch.zeros(num_longs, dtype=torch.int64, pin_memory=on_gpu) for _ in range(sets)]
-        self._ints_host = [torch.zeros(num_ints, dtype=torch.int32, pin_memory=on_gpu) for _ in range(sets)]
+        self._host = [torch.zeros(8 * num_longs, dtype=torch.uint8, pin_memory=on_gpu) for _ in range(sets)]
         self._copied: list[torch.cuda.Event | None] = [None] * sets
         self._set = 0
-        self.longs = torch.zeros(num_longs, dtype=torch.int64, device=device) if on_gpu else self._longs_host[0]
-        self.ints = torch.zeros(num_ints, dtype=torch.int32, device=device) if on_gpu else self._ints_host[0]
+        self.data = torch.zeros(8 * num_longs, dtype=torch.uint8, device=device) if on_gpu else self._host[0]
+        self.longs, self.ints = self.data.view(torch.int64), self.data.view(torch.int32)
+        self.samples = torch.zeros(max_reqs, dtype=torch.int64, device=device)
 
-    def decode_views(self, batch: int) -> tuple[torch.Tensor, ...]:
-        """(input_ids, positions, slot_mapping, query_start_loc, seq_lens, temperature, seeds, steps) of a decode
-        step of `batch` rows."""
-        longs, ints, b = self.longs, self.ints, batch
-        return (longs[:b], longs[b:2 * b], longs[2 * b:3 * b], ints[:b + 1], ints[b + 1:2 * b + 1],
-                ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * b:4 * b], longs[4 * b:5 * b])
+    def decode_views(self, batch: int) -> DecodeInputs:
+        longs, b = self.longs, batch
+        ints = self.ints[12 * b:]  # int32 index 2 (3t + 3b) with t = b
+        return DecodeInputs(longs[:b], longs[b:2 * b], longs[2 * b:3 * b], ints[:b + 1], ints[b + 1:2 * b + 1],
+                            ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * b:4 * b], longs[4 * b:5 * b],
+                            longs[5 * b:6 * b], ints[3 * b + 1:3 * b + 3], ints[3 * b + 3:])
 
     def fill_decode(self, batch: int) -> None:
-        """Inputs a decode graph can be captured on: one token of context per row, nothing written, greedy."""
-        ids, positions, slots, query_start_loc, seq_lens, temperature, seeds, steps = self.decode_views(batch)
-        for zeroed in (ids, positions, temperature, seeds, steps):
+        """Inputs a decode graph can be captured on: one token of context per row, nothing written or gathered,
+        no block table copied, greedy."""
+        views = self.decode_views(batch)
+        for zeroed in (views.input_ids, views.positions, views.temperature, views.seeds, views.steps,
+                       views.table_shape):
             zeroed.zero_()
-        slots.fill_(-1)
-        query_start_loc.copy_(torch.arange(batch + 1, dtype=torch.int32))
-        seq_lens.fill_(1)
+        views.slot_mapping.fill_(-1)
+        views.previous_rows.fill_(-1)
+        views.query_start_loc.copy_(torch.arange(batch + 1, dtype=torch.int32))
+        views.seq_lens.fill_(1)
 
     def pack(self, scheduled: list[ScheduledState], batch: InputBatch, previous_rows: dict[str, int],
              pad_to: int | None = None) -> PackedStep:
-        """The step's tensors; `previous_rows` gives the row of each request in the previous step's samples
-        (for the last input of a request whose token is not on the host yet); `pad_to` pads the step to a
-        decode graph's batch with rows of one token that write nothing."""
+        """The step's tensors; `previous_rows` gives the row in `samples` of each request whose last input is
+        the previous step's sample, not on the host yet; `pad_to` pads the step to a decode graph's batch with
+        rows of one token that write nothing, and leaves those samples for the graph to take."""
         n = len(scheduled)
         b = pad_to or n
         counts = np.fromiter((item.num_new_tokens for item in scheduled), np.int64, n)
@@ -86,7 +111,9 @@ class StepBuffers:
         stage = self._set
         if self._copied[stage] is not None:
             self._copied[stage].synchronize()
-        longs, ints = self._longs_host[stage].numpy(), self._ints_host[stage].numpy()
+        longs, all_ints = self._host[stage].numpy().view(np.int64), self._host[stage].numpy().view(np.int32)
+        ints_at = 2 * (3 * t + 3 * b)
+        ints = all_ints[ints_at:]
 
         query_start = ints[:b + 1]
         query_start[0] = 0
@@ -98,8 +125,9 @@ class StepBuffers:
         temperature = ints[2 * b + 1:3 * b + 1].view(np.float32)
         temperature[:n] = batch.temperature[rows]
         temperature[n:] = 0.0
-        num_ints = 3 * b + 1 + n * width
-        table = ints[3 * b + 1:num_ints].reshape(n, width)
+        ints[3 * b + 1:3 * b + 3] = n, width
+        num_ints = 3 * b + 3 + n * width
+        table = ints[3 * b + 3:num_ints].reshape(n, width)
         np.take(batch.block_table[:, :width], rows, axis=0, out=table)
 
         positions = longs[t:2 * t]
@@ -118,6 +146,8 @@ class StepBuffers:
         steps[:n] = seq_lens[:n] - batch.num_prompt_tokens[rows]
         seeds[n:] = 0
         steps[n:] = 0
+        previous = longs[3 * t + 2 * b:3 * t + 3 * b]
+        previous[:] = -1
 
         ids = longs[:t]
         gather_dst: list[int] = []
@@ -127,8 +157,11 @@ class StepBuffers:
             tokens, start, k = item.state.token_ids, item.start, item.num_new_tokens
             end = start + k
             if end > len(tokens):  # the last input is the previous step's sample
-                gather_dst.append(offset + k - 1)
-                gather_src.append(previous_rows[item.state.req_id])
+                if pad_to is None:
+                    gather_dst.append(offset + k - 1)
+                    gather_src.append(previous_rows[item.state.req_id])
+                else:  # one token a row: the graph takes it
+                    previous[offset] = previous_rows[item.state.req_id]
                 end -= 1
             if k == 1:
                 if end > start:
@@ -137,7 +170,7 @@ class StepBuffers:
                 ids[offset:offset + end - start] = tokens[start:end]
             offset += k
         ids[t_real:] = 0
-        g, tail = len(gather_dst), 3 * t + 2 * b
+        g, tail = len(gather_dst), -(-(ints_at + num_ints) // 2)
         longs[tail:tail + g] = gather_dst
         longs[tail + g:tail + 2 * g] = gather_src
         sampling = [i for i, item in enumerate(scheduled) if item.samples]
@@ -147,16 +180,15 @@ class StepBuffers:
         if num_rows:
             longs[tail + 2 * g:num_longs] = query_start[1:n + 1][sampling] - 1
 
-        if self.longs.device.type == "cuda":
-            self.longs[:num_longs].copy_(self._longs_host[stage][:num_longs], non_blocking=True)
-            self.ints[:num_ints].copy_(self._ints_host[stage][:num_ints], non_blocking=True)
+        if self.data.device.type == "cuda":
+            self.data[:8 * num_longs].copy_(self._host[stage][:8 * num_longs], non_blocking=True)
             event = self._copied[stage] = self._copied[stage] or torch.cuda.Event()
             event.record()
             self._set = (stage + 1) % len(self._copied)
-        dev_longs, dev_ints = self.longs, self.ints
+        dev_longs, dev_ints = self.longs, self.ints[ints_at:]
         metadata = AttentionMetadata(
             slot_mapping=dev_longs[2 * t:3 * t], query_start_loc=dev_ints[:b + 1], seq_lens=dev_ints[b + 1:2 * b + 1],
-            block_tables=dev_ints[3 * b + 1:num_ints].view(n, width), max_query_len=int(counts.max()),
+            block_tables=dev_ints[3 * b + 3:num_ints].view(n, width), max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens[:n].max()), query_start_loc_cpu=query_start.tolist(),
             seq_lens_cpu=seq_lens.tolist(), block_tables_cpu=table)
         gather = (dev_longs[tail:tail + g], dev_longs[tail + g:tail + 2 * g]) if g else None
