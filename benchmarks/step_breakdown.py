@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from benchmarks.common import print_environment
+from benchmarks.graph_gaps import GraphGaps
 from wick import LLM, SamplingParams
 from wick.executor.step_channel import StepChannel
 from wick.worker.worker import Worker
@@ -66,6 +67,8 @@ def main() -> None:
                         help="the profiler table's order: self_cpu_time_total (the host) or self_cuda_time_total")
     parser.add_argument("--trace", default=None,
                         help="with --profile-steps: also write the profiler's Chrome trace (GPU timestamps) here")
+    parser.add_argument("--graph-gaps", action="store_true",
+                        help="time the GPU between decode graph replays with CUDA events (no profiler)")
     parser.add_argument("--cprofile-steps", type=int, default=0,
                         help="then run this many steps under cProfile and print the host functions by own time")
     args = parser.parse_args()
@@ -87,6 +90,9 @@ def main() -> None:
     prompts = [list(range(1000 + i, 1128 + i)) for i in range(args.batch_size)]
     llm.generate(prompts, SamplingParams(max_tokens=16, ignore_eos=True))
     _times.clear()
+    gaps = GraphGaps() if args.graph_gaps else None
+    if gaps is not None:
+        gaps.install(runner)
     sampling = dict(ignore_eos=True, temperature=args.temperature, seed=0)
     _log_triton_compiles()
     torch.cuda.synchronize()
@@ -101,6 +107,8 @@ def main() -> None:
         median = ordered[len(values) // 2]
         print(f"  {key}: {sum(values) / len(values) * 1e6:,.0f} us per step (median {median * 1e6:,.0f}, "
               f"max {ordered[-1] * 1e6:,.0f}; {len(values)} calls)")
+    if gaps is not None:
+        gaps.report()
     if args.cprofile_steps:
         params = SamplingParams(max_tokens=args.cprofile_steps, **sampling)
         profile = cProfile.Profile()

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import copy_bandwidth, kv_bytes_per_token, print_environment, weight_bytes
+from benchmarks.graph_gaps import GraphGaps
 from wick import LLM, SamplingParams
 
 
@@ -81,6 +82,8 @@ def main() -> None:
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--graph-gaps", action="store_true",
+                        help="also time the GPU between decode graph replays with CUDA events (one GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args()
     print_environment()
@@ -96,6 +99,9 @@ def main() -> None:
     warmup = prompts[:8]
     llm.generate(warmup, [SamplingParams(max_tokens=16, ignore_eos=True)] * len(warmup))
 
+    gaps = GraphGaps() if args.graph_gaps else None
+    if gaps is not None:
+        gaps.install(llm.core.executor.worker.runner)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     sync()
     start = time.perf_counter()
@@ -114,6 +120,8 @@ def main() -> None:
             "requests": args.num_requests, "input_tokens": input_tokens, "output_tokens": generated,
             "duration_s": elapsed, "output_throughput": throughput,
             "total_token_throughput": (input_tokens + generated) / elapsed}))
+    if gaps is not None:
+        gaps.report()
     if torch.cuda.is_available():
         bandwidth = copy_bandwidth()
         bound = roofline_seconds(llm, prompts, output_lens, bandwidth)
