@@ -46,6 +46,17 @@ def test_dummy_weights_in_every_format(tmp_path: Path, caplog: pytest.LogCapture
     assert torch.isfinite(logits).all() and logits.abs().max() > 0
 
 
+def test_the_load_log_names_the_dtype_the_weights_are_in(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Models are built under their dtype and the default dtype is restored after: the log reads the weights."""
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    config = EngineArgs(model=str(tmp_path), load_format="dummy", device="cpu").create_engine_config()
+    model = get_model_class(CONFIG["architectures"])(config.hf_config).to(torch.bfloat16).eval()
+    assert torch.get_default_dtype() == torch.float32
+    with caplog.at_level(logging.INFO, logger="wick.loader.weights"):
+        load_weights(model, config.source, seed=0)
+    assert any(record.getMessage().startswith("weights: bfloat16, ") for record in caplog.records)
+
+
 def test_dummy_experts_quantized_in_situ(tmp_path: Path) -> None:
     """`-q q4_k` on an MoE model: the experts are random Q4_K blocks, as a float checkpoint's are quantized at
     load, and the model runs over them."""

@@ -39,7 +39,7 @@ def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_prog
             close_gguf_readers()
     process_weights_after_loading(model)
     device = next(model.parameters()).device
-    name = quant_config.describe() if quant_config is not None else str(torch.get_default_dtype()).split(".")[-1]
+    name = quant_config.describe() if quant_config is not None else _weights_dtype(model)
     logger.info("weights: %s, %.2f GiB on %s", name, weights_nbytes(model) / (1 << 30), device)
 
 
@@ -70,6 +70,14 @@ def _load_checkpoint(model: nn.Module, source: ModelSource, packed: bool, desc: 
         more = f" and {len(missing) - _MISSING_SHOWN} more" if len(missing) > _MISSING_SHOWN else ""
         raise ValueError(f"{source.path} lacks weights for {len(missing)} of the model's parameters: "
                          f"{shown}{more}")
+
+
+def _weights_dtype(model: nn.Module) -> str:
+    """The dtype most of an unquantized model's weight bytes are in, as torch spells it ("bfloat16")."""
+    nbytes: dict[torch.dtype, int] = {}
+    for p in model.parameters():
+        nbytes[p.dtype] = nbytes.get(p.dtype, 0) + p.numel() * p.element_size()
+    return str(max(nbytes, key=nbytes.get)).removeprefix("torch.")
 
 
 def weights_nbytes(model: nn.Module, skip_embedding: bool = False) -> int:
