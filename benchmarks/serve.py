@@ -31,13 +31,14 @@ from typing import Any
 from benchmarks.common import environment
 from benchmarks.serve_client import Load, run_load
 from benchmarks.serve_metrics import RequestResult, ServeMetrics
-from benchmarks.server_process import WickServer
+from benchmarks.server_process import WickServer, cpu_seconds
 from benchmarks.throughput import add_workload_args, workload
 from wick.loader.model_source import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 WARMUP_REQUESTS = 8
 WARMUP_TOKENS = 16
+_PROCESS_NAMES = {"api": "API server", "core": "engine core"}
 
 
 def engine_flags(args: argparse.Namespace) -> list[str]:
@@ -65,16 +66,20 @@ def offline_throughput(args: argparse.Namespace, log_dir: Path) -> dict[str, Any
     return json.loads(path.read_text())
 
 
-def serve_benchmark(args: argparse.Namespace, base_url: str, prompts: list[list[int]],
-                    output_lens: list[int]) -> tuple[list[RequestResult], float, float]:
+def serve_benchmark(args: argparse.Namespace, base_url: str, prompts: list[list[int]], output_lens: list[int],
+                    server_pids: dict[str, int] | None = None) -> tuple[list[RequestResult], float, dict[str, float]]:
     """A warm-up (the first prompts, at most a few tokens each, all at once), then the timed run; returns its
-    requests, its duration and the share of one CPU core the client used."""
+    requests, its duration and the share of one CPU core the client and each of `server_pids` used."""
     warmup_lens = [min(WARMUP_TOKENS, n) for n in output_lens[:WARMUP_REQUESTS]]
     asyncio.run(run_load(base_url, prompts[:len(warmup_lens)], warmup_lens, args.temperature, Load(), args.api_key))
     load = Load(args.request_rate, args.max_concurrency, args.seed)
+    pids = server_pids or {}
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
     cpu = time.process_time()
     results, duration = asyncio.run(run_load(base_url, prompts, output_lens, args.temperature, load, args.api_key))
-    return results, duration, (time.process_time() - cpu) / duration
+    shares = {"client": (time.process_time() - cpu) / duration}
+    shares.update({name: (cpu_seconds(pid) - before[name]) / duration for name, pid in pids.items()})
+    return results, duration, shares
 
 
 @dataclass
@@ -83,7 +88,9 @@ class ServeReport:
     settings: dict[str, Any]
     serve: ServeMetrics
     requests: list[RequestResult]  # in prompt order
-    client_cpu_share: float  # of one core, during the timed run
+    # of one core, during the timed run: the client's and, where the benchmark started the server, its API
+    # process's and its engine core's
+    cpu_shares: dict[str, float]
     offline: dict[str, Any] | None  # what benchmarks/throughput.py --json wrote
 
     @property
@@ -103,7 +110,8 @@ class ServeReport:
                  f"serve: {self.settings['model']}, {self.settings['num_requests']} requests, request rate "
                  f"{self.settings['request_rate']}, max concurrency {concurrency}",
                  self.serve.text(),
-                 f"client: {self.client_cpu_share:.0%} of one CPU core"]
+                 "CPU, share of one core during the run: " + ", ".join(
+                     f"{_PROCESS_NAMES.get(name, name)} {share:.0%}" for name, share in self.cpu_shares.items())]
         if self.offline is not None:
             offline = self.offline
             lines.append(f"offline (benchmarks/throughput.py, same workload and settings): "
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> ServeReport:
     log_dir.mkdir(parents=True, exist_ok=True)
     offline = None if args.no_offline else offline_throughput(args, log_dir)
     if args.base_url is not None:
-        results, duration, client_cpu = serve_benchmark(args, args.base_url, prompts, output_lens)
+        results, duration, cpu_shares = serve_benchmark(args, args.base_url, prompts, output_lens)
     else:
         server_args = [*engine_flags(args), "--uvicorn-log-level", "warning",
                        "--max-queued-requests", str(max(1024, args.num_requests))]
@@ -129,11 +137,11 @@ def run(args: argparse.Namespace) -> ServeReport:
             server_args += ["--api-key", args.api_key]
         server = WickServer(server_args, log_dir / "serve.log")
         try:
-            results, duration, client_cpu = serve_benchmark(args, server.url, prompts, output_lens)
+            results, duration, cpu_shares = serve_benchmark(args, server.url, prompts, output_lens, server.pids)
         finally:
             server.stop()
     settings = {k: v for k, v in vars(args).items() if k != "api_key"}
-    return ServeReport(environment(), settings, ServeMetrics.of(results, duration), results, client_cpu, offline)
+    return ServeReport(environment(), settings, ServeMetrics.of(results, duration), results, cpu_shares, offline)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -1,8 +1,10 @@
 """`wick serve` as a child process for the server benchmarks: started on a free port, waited for on
-/health, read through /proc (resident memory, open file descriptors) and /metrics, stopped with SIGTERM."""
+/health, read through /proc (resident memory, open file descriptors, CPU time) and /metrics, stopped with
+SIGTERM."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -70,3 +72,10 @@ def rss_bytes(pid: int) -> int:
 
 def open_fds(pid: int) -> int:
     return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used so far (its own threads, not its children), from
+    /proc/PID/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -54,13 +55,16 @@ def test_the_serving_benchmark_reports_every_request_with_its_exact_length(tmp_p
     assert written["serve_over_offline"] == report.serve_over_offline
     assert (written["settings"]["request_rate"], written["settings"]["max_concurrency"]) == (100.0, 2)
     assert (tmp_path / "serve.log").exists()
+    # the client, the API process and the engine core all worked during the run, none past the machine's cores
+    assert set(report.cpu_shares) == {"client", "api", "core"}
+    assert all(0 < share <= os.cpu_count() for share in report.cpu_shares.values()), report.cpu_shares
 
 
 def test_the_json_report_writes_an_infinite_rate_as_a_string_and_leaves_the_gaps_out():
     request = RequestResult(prompt_len=3, output_len=2, success=True, ttft=0.1, latency=0.2, itl=[0.1],
                             output_tokens=2, chunks=2)
     report = ServeReport(environment={"device": "cpu"}, settings={"request_rate": math.inf, "log_dir": Path("/x")},
-                         serve=ServeMetrics.of([request], 1.0), requests=[request], client_cpu_share=0.1,
+                         serve=ServeMetrics.of([request], 1.0), requests=[request], cpu_shares={"client": 0.1},
                          offline={"output_throughput": 4.0})
     written = json.loads(report.json())
     assert written["settings"] == {"request_rate": "inf", "log_dir": "/x"}
