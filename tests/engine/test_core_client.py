@@ -7,6 +7,7 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -79,6 +80,33 @@ def test_greedy_tokens_match_the_offline_llm(client, events):
     outputs = _outputs(events.wait_for(_finished("greedy")), "greedy")
     assert [t for o in outputs for t in o.new_token_ids] == expected
     assert outputs[-1].finish_reason == "length"
+
+
+def test_steps_that_wait_for_a_held_up_receiver_arrive_merged():
+    """While the receiver thread is held up, the core runs ahead; the steps it sent meanwhile reach the callback
+    as one CoreOutputs with all of their tokens, the same tokens as step by step."""
+    llm = LLM(**ARGS)
+    prompt = llm.get_tokenizer().encode("The capital of Italy is")
+    expected = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids
+    del llm
+    events, released = Events(), threading.Event()
+
+    def held_up(event: CoreEvent) -> None:
+        released.wait()
+        events(event)
+
+    client = CoreClient(EngineArgs(**ARGS), held_up)
+    try:
+        client.add_request(EngineCoreRequest("held", prompt, GREEDY))
+        time.sleep(5.0)  # eight steps of the small model take well under a second
+        released.set()
+        outputs = _outputs(events.wait_for(_finished("held")), "held")
+    finally:
+        client.shutdown()
+    assert [t for o in outputs for t in o.new_token_ids] == expected
+    assert outputs[-1].finish_reason == "length"
+    # the first step's message held the thread; the seven after it came together
+    assert max(len(o.new_token_ids) for o in outputs) == len(expected) - 1
 
 
 def test_impossible_prompt_is_an_error_and_the_core_lives_on(client, events):

@@ -22,12 +22,14 @@ import zmq
 
 from wick.config import EngineArgs
 from wick.engine.core_process import decode_output, encode_request, pack, run_engine_core, unpack
-from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest
+from wick.engine.protocol import EngineCoreOutput, EngineCoreRequest, merge_step_outputs
 
 logger = logging.getLogger(__name__)
 
 _POLL_MS = 100
 _SHUTDOWN_TIMEOUT_S = 5.0
+# Messages read in one pass when the receiver fell behind the core (their steps' outputs are merged).
+_MAX_CATCH_UP = 64
 
 
 class EngineDeadError(RuntimeError):
@@ -171,22 +173,49 @@ class CoreClient:
         while not self._closing.is_set():
             events = dict(poller.poll(_POLL_MS))
             if self._inbox in events:
-                message = unpack(self._inbox.recv())
-                kind = message[0]
-                if kind == "outputs":
-                    self._emit(CoreOutputs([decode_output(o) for o in message[1]], message[2]))
-                elif kind == "error":
-                    self._emit(RequestError(message[1], message[2]))
-                elif kind == "fatal":
-                    self.process.join(_SHUTDOWN_TIMEOUT_S)
-                    self._die(f"the engine core failed: {message[1]}")
-                    return
+                steps: list[list] = []  # consecutive outputs messages, emitted as one
+                for message in self._waiting_messages():
+                    kind = message[0]
+                    if kind == "outputs":
+                        steps.append(message)
+                        continue
+                    self._emit_outputs(steps)
+                    steps = []
+                    if kind == "error":
+                        self._emit(RequestError(message[1], message[2]))
+                    elif kind == "fatal":
+                        self.process.join(_SHUTDOWN_TIMEOUT_S)
+                        self._die(f"the engine core failed: {message[1]}")
+                        return
+                self._emit_outputs(steps)
                 # Drain every message before concluding from the sentinel that the core died.
                 continue
             if self.process.sentinel in events and not self._closing.is_set():
                 self.process.join()
                 self._die(f"the engine core process died unexpectedly (exit code {self.process.exitcode})")
                 return
+
+    def _waiting_messages(self) -> list[list]:
+        """The messages the inbox holds (one at least), oldest first: more than one when the core has run
+        ahead of this thread."""
+        messages = [unpack(self._inbox.recv())]
+        while len(messages) < _MAX_CATCH_UP:
+            try:
+                messages.append(unpack(self._inbox.recv(zmq.NOBLOCK)))
+            except zmq.Again:
+                break
+        return messages
+
+    def _emit_outputs(self, steps: list[list]) -> None:
+        """One CoreOutputs for consecutive steps' outputs messages: each request's tokens of all of them
+        together, so that detokenizing and handing out cost one pass per request, not one per step."""
+        if not steps:
+            return
+        if len(steps) == 1:
+            outputs = [decode_output(o) for o in steps[0][1]]
+        else:
+            outputs = merge_step_outputs([[decode_output(o) for o in step[1]] for step in steps])
+        self._emit(CoreOutputs(outputs, steps[-1][2]))
 
     def _emit(self, event: CoreEvent) -> None:
         try:

@@ -37,6 +37,15 @@ class _RequestState:
         return all(s.output.finished for s in self.samples)
 
 
+def _one_token_each(out: EngineCoreOutput) -> list[EngineCoreOutput]:
+    """An output of several new tokens as one output per token, in order; the finish comes with the last."""
+    last = len(out.new_token_ids) - 1
+    return [EngineCoreOutput(out.request_id, [token], out.new_logprobs[i:i + 1] if out.new_logprobs else None,
+                             None, out.finish_reason if i == last else None, out.stop_reason if i == last else None,
+                             out.num_cached_tokens)
+            for i, token in enumerate(out.new_token_ids)]
+
+
 def child_request_id(request_id: str, index: int, n: int) -> str:
     return request_id if n == 1 else f"{index}_{request_id}"
 
@@ -97,7 +106,9 @@ class OutputProcessor:
             state.num_cached_tokens = max(state.num_cached_tokens, out.num_cached_tokens)
             if out.new_prompt_logprobs and state.prompt_logprobs is not None and sample.output.index == 0:
                 state.prompt_logprobs.extend(self._position_logprobs(e) for e in out.new_prompt_logprobs)
-            if self._advance(sample, out):
+            # A stop string ends a sample at the token that completes it, also among several new tokens.
+            parts = _one_token_each(out) if sample.stop.stop and len(out.new_token_ids) > 1 else (out,)
+            if any([self._advance(sample, part) for part in parts]):
                 to_abort.append(out.request_id)
         results = []
         for state in changed.values():

@@ -35,3 +35,36 @@ class EngineCoreOutput:
     stop_reason: int | None = None  # the stop token id that ended the request, if any
     num_cached_tokens: int = 0
     pooling_output: list[float] | None = None  # an embedding request's embedding, with finish_reason "stop"
+
+
+def merge_step_outputs(steps: list[list[EngineCoreOutput]]) -> list[EngineCoreOutput]:
+    """Consecutive steps' outputs as one step's: each request's new tokens (and logprobs) in order, once, where
+    the request was first seen, with the latest finish. A reader that fell behind catches up in one pass."""
+    merged: dict[str, EngineCoreOutput] = {}
+    result: list[EngineCoreOutput] = []
+    for outputs in steps:
+        for out in outputs:
+            into = merged.get(out.request_id)
+            if into is None or into.finish_reason is not None or into.pooling_output is not None:
+                into = merged[out.request_id] = EngineCoreOutput(
+                    out.request_id, list(out.new_token_ids), _copy(out.new_logprobs), _copy(out.new_prompt_logprobs),
+                    out.finish_reason, out.stop_reason, out.num_cached_tokens, out.pooling_output)
+                result.append(into)
+                continue
+            into.new_token_ids.extend(out.new_token_ids)
+            into.new_logprobs = _concat(into.new_logprobs, out.new_logprobs)
+            into.new_prompt_logprobs = _concat(into.new_prompt_logprobs, out.new_prompt_logprobs)
+            into.finish_reason, into.stop_reason = out.finish_reason, out.stop_reason
+            into.num_cached_tokens = max(into.num_cached_tokens, out.num_cached_tokens)
+            into.pooling_output = out.pooling_output
+    return result
+
+
+def _copy(entries: list[TokenLogprobs] | None) -> list[TokenLogprobs] | None:
+    return None if entries is None else list(entries)
+
+
+def _concat(first: list[TokenLogprobs] | None, then: list[TokenLogprobs] | None) -> list[TokenLogprobs] | None:
+    if then is None:
+        return first
+    return list(then) if first is None else first + then
