@@ -183,6 +183,23 @@ def test_a_lone_surrogate_gets_400_naming_the_field(http: httpx.Client, path: st
     assert "surrogate" in assert_error(response, 400, param)["message"]
 
 
+@pytest.mark.parametrize("body", [
+    '{"prompt": "a\ud800b", "max_tokens": 1}'.encode("utf-8", "surrogatepass"),  # the surrogate's UTF-8 bytes
+    '{"prompt": "a\ud800b", "max_tokens": 1}'.encode("utf-16-le", "surrogatepass"),
+])
+def test_a_lone_surrogate_without_an_escape_gets_400(http: httpx.Client, body: bytes):
+    """Python's JSON decoder lets a surrogate through from UTF-8's bytes or a UTF-16 body too."""
+    response = http.post(COMPLETIONS, content=body, headers={"Content-Type": "application/json"})
+    assert "surrogate" in assert_error(response, 400, "prompt")["message"]
+
+
+def test_nesting_deeper_than_64_levels_gets_400_and_many_shallow_lists_do_not(http: httpx.Client):
+    deep = completion(user=json.loads("[" * 70 + "]" * 70))
+    assert "nests deeper than 64" in assert_error(http.post(COMPLETIONS, json=deep), 400)["message"]
+    shallow = completion(prompt=[[1, 2]] * 63)  # 65 brackets, three levels
+    assert http.post(COMPLETIONS, json=shallow).status_code == 200
+
+
 def test_health_version_and_metrics(http: httpx.Client):
     assert http.get("/version").json()["version"]
     metrics = http.get("/metrics")

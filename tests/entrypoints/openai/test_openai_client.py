@@ -168,3 +168,8 @@ def test_token_id_prompts(client: openai.OpenAI, http):
     assert by_ids.usage == by_text.usage
     two = client.completions.create(model="", prompt=[tokens, tokens[:3]], max_tokens=2, **GREEDY)
     assert [c.index for c in two.choices] == [0, 1]
+    # token ids are decoded for an echo (only then): the echo is the prompt's text, streamed or not
+    echoed = client.completions.create(model="", prompt=tokens, max_tokens=6, echo=True, **GREEDY)
+    assert echoed.choices[0].text == "The capital of France is" + by_text.choices[0].text
+    stream = client.completions.create(model="", prompt=tokens, max_tokens=6, echo=True, stream=True, **GREEDY)
+    assert "".join(chunk.choices[0].text for chunk in stream if chunk.choices) == echoed.choices[0].text

@@ -40,7 +40,7 @@ class _Prompt:
 class ServingCompletion(OpenAIServing):
     async def create(self, request: CompletionRequest, raw_request: Request) -> Response:
         model = self.models.resolve(request.model)
-        prompts = [self._encode(p) for p in request.prompts()]
+        prompts = [self._encode(p, request.echo) for p in request.prompts()]
         echo_logprobs = request.logprobs if request.echo else None
         request_id = random_id("cmpl")
         constraint = structured_outputs(request)
@@ -63,11 +63,12 @@ class ServingCompletion(OpenAIServing):
         header = self.response_header(request_id, "text_completion", model)
         return JSONResponse(self._response(request, header, prompts, finals))
 
-    def _encode(self, prompt: str | list[int]) -> _Prompt:
+    def _encode(self, prompt: str | list[int], echo: bool) -> _Prompt:
+        """A prompt of token ids is decoded only to be echoed (as vLLM's has no text otherwise)."""
         if isinstance(prompt, str):
             return _Prompt(prompt, self.encode(prompt, "prompt"))
         self.check_token_ids(prompt, "prompt")
-        return _Prompt(self.tokenizer.decode(prompt), prompt)
+        return _Prompt(self.tokenizer.decode(prompt) if echo else None, prompt)
 
     def _response(self, request: CompletionRequest, header: dict[str, Any], prompts: list[_Prompt],
                   finals: list[RequestOutput]) -> dict[str, Any]:
