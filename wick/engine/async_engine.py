@@ -361,8 +361,9 @@ def _shallow_copy(obj: T) -> T:
 
 
 def _snapshot(output: RequestOutput) -> RequestOutput:
-    """A copy that later steps do not change: the output processor extends its lists in place. (Shallow
-    copies with their lists replaced: dataclasses.replace costs several times more, once per token.)"""
+    """`output` made safe from later steps: the output processor extends its samples' lists in place, so they
+    are copied (shallow copies with their lists replaced: dataclasses.replace costs several times more, once
+    per token). The RequestOutput itself is the processor's new one of this step, changed in place."""
     samples = []
     for sample in output.outputs:
         copy = _shallow_copy(sample)
@@ -370,8 +371,7 @@ def _snapshot(output: RequestOutput) -> RequestOutput:
         if sample.logprobs is not None:
             copy.logprobs = list(sample.logprobs)
         samples.append(copy)
-    snapshot = _shallow_copy(output)
-    snapshot.outputs = samples
+    output.outputs = samples
     if output.prompt_logprobs is not None:
-        snapshot.prompt_logprobs = list(output.prompt_logprobs)
-    return snapshot
+        output.prompt_logprobs = list(output.prompt_logprobs)
+    return output

@@ -26,6 +26,8 @@ class StopStringMatcher:
 
         After a match, the request is over: later deltas give ("", the stop string).
         """
+        if not self.stop:
+            return delta, None
         if self.matched is not None:
             return "", self.matched
         text = self._held + delta
