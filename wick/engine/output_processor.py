@@ -35,7 +35,7 @@ class _RequestState:
     @property
     def finished(self) -> bool:
         if len(self.samples) == 1:
-            return self.samples[0].output.finish_reason is not None
+            return self.samples[0].output.finished
         return all(s.output.finished for s in self.samples)
 
 

@@ -75,7 +75,7 @@ class StepBuffers:
 
     def decode_views(self, batch: int) -> DecodeInputs:
         longs, b = self.longs, batch
-        ints = self.ints[12 * b:]  # int32 index 2 (3t + 3b) with t = b
+        ints = self.ints[_int32_start(b, b):]
         return DecodeInputs(longs[:b], longs[b:2 * b], longs[2 * b:3 * b], ints[:b + 1], ints[b + 1:2 * b + 1],
                             ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * b:4 * b], longs[4 * b:5 * b],
                             longs[5 * b:6 * b], ints[3 * b + 1:3 * b + 3], ints[3 * b + 3:])
@@ -112,7 +112,7 @@ class StepBuffers:
         if self._copied[stage] is not None:
             self._copied[stage].synchronize()
         longs, all_ints = self._host[stage].numpy().view(np.int64), self._host[stage].numpy().view(np.int32)
-        ints_at = 2 * (3 * t + 3 * b)
+        ints_at = _int32_start(t, b)
         ints = all_ints[ints_at:]
 
         query_start = ints[:b + 1]
@@ -194,3 +194,9 @@ class StepBuffers:
         gather = (dev_longs[tail:tail + g], dev_longs[tail + g:tail + 2 * g]) if g else None
         logit_rows = dev_longs[tail + 2 * g:num_longs] if num_rows else None
         return PackedStep(dev_longs[:t], dev_longs[t:2 * t], metadata, gather, logit_rows, n)
+
+
+def _int32_start(t: int, b: int) -> int:
+    """Where the int32 sections of a step of t tokens and b requests start, as an int32 index: after the
+    three int64 sections of t and three of b."""
+    return 2 * (3 * t + 3 * b)
