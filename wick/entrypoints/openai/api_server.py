@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import signal
 import socket
 import time
@@ -34,6 +33,7 @@ from wick.entrypoints.openai.errors import (
     from_validation_errors,
     install_exception_handlers,
     lone_surrogate,
+    may_hold_lone_surrogate,
     shutting_down,
 )
 from wick.entrypoints.openai.load_limits import LoadLimits
@@ -59,8 +59,6 @@ from wick.tools.tool_choice import resolve_tool_parser
 logger = logging.getLogger(__name__)
 
 MAX_JSON_DEPTH = 64
-# A \ud800-\udfff escape, or UTF-8's bytes for a surrogate (json.loads decodes with "surrogatepass").
-_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 DEFAULT_LIMITS = LoadLimits()
 # How often the server looks at the engine (is it alive? finished requests' latencies).
 _WATCH_INTERVAL_S = 0.5
@@ -87,7 +85,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
     # Both walks visit every value (a prompt of token ids is thousands); the body's bytes say when they need not.
     if body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH and _depth(data) > MAX_JSON_DEPTH:
         raise bad_request(f"the body nests deeper than {MAX_JSON_DEPTH} levels")
-    where = lone_surrogate(data) if _may_hold_lone_surrogate(body) else None
+    where = lone_surrogate(data) if may_hold_lone_surrogate(body) else None
     if where is not None:
         raise bad_request(f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (\\ud800-\\udfff "
                           "without its pair), which is not text", where or None)
@@ -95,12 +93,6 @@ async def parse_body(request: Request, model: type[M]) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise from_validation_errors(e.errors(include_url=False, include_input=False, include_context=False)) from e
-
-
-def _may_hold_lone_surrogate(body: bytes) -> bool:
-    """Whether the JSON text can decode to a string holding a lone surrogate: a UTF-8 body only through the
-    bytes of _SURROGATE_BYTES; a UTF-16 or UTF-32 body, always."""
-    return json.detect_encoding(body) != "utf-8" or _SURROGATE_BYTES.search(body) is not None
 
 
 def _depth(data: Any) -> int:

@@ -3,6 +3,7 @@ server can meet: no pydantic trace and no traceback ever reaches a client."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -16,6 +17,7 @@ from starlette.exceptions import HTTPException
 from wick.engine.async_engine import EngineDeadError
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_BYTES = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 _CODES = {401: "invalid_api_key", 404: "not_found", 413: "request_too_large", 429: "server_overloaded",
           503: "engine_unavailable"}
 _TYPES = {429: "server_overloaded"}
@@ -98,6 +100,13 @@ def lone_surrogate(data: Any) -> str | None:
         elif isinstance(value, list):
             stack.extend((item, f"{path}.{i}" if path else str(i)) for i, item in enumerate(value))
     return None
+
+
+def may_hold_lone_surrogate(body: bytes) -> bool:
+    """Whether JSON text can decode to a string holding a lone surrogate, which lone_surrogate then finds:
+    json.loads decodes with "surrogatepass", so a UTF-8 body holds one only through a \ud800-\udfff escape or a
+    surrogate's UTF-8 bytes; a UTF-16 or UTF-32 body may always."""
+    return json.detect_encoding(body) != "utf-8" or _SURROGATE_BYTES.search(body) is not None
 
 
 def _field_path(loc: Sequence[Any]) -> str:
