@@ -7,8 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from wick.kernels.dense_gemv import DENSE_GEMV_CONFIGS, dense_gemv
+from wick.kernels.rms_norm import RowNorm, fused_add_rms_norm_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# A pending norm's rows: the interpreter rounds float32 to bfloat16 by truncation, the GPU and torch to nearest.
+NORM_DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+NORM_RTOL = 2**-6 if DEVICE == "cuda" else 2**-9
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
@@ -71,3 +75,23 @@ def test_gated_odd_rows() -> None:
 def test_gemma3_lm_head() -> None:
     """Gemma 3's LM head, 262,208 rows: more programs than a grid's second dimension holds."""
     _check(262208, 256, torch.bfloat16)
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("config", [(4, 64, 2), (2, 512, 4)], ids=str)
+def test_norm(config: tuple[int, int, int], activation: str | None) -> None:
+    """With a RowNorm the GEMV reads rms_norm(x + residual) (over one step of K and over several): its program 0
+    stores x + residual out of place and the normed row, the norm kernels' row, and the result is the GEMV of
+    that row."""
+    g = torch.Generator().manual_seed(9)
+    x, residual = (torch.randn(1, 300, generator=g).to(DEVICE, NORM_DTYPE) for _ in range(2))
+    norm_weight = torch.empty(300).normal_(1.0, 0.3, generator=g).to(DEVICE, NORM_DTYPE)
+    weight = torch.randn(74, 300, generator=g).to(DEVICE, NORM_DTYPE)
+    kept = residual.clone()
+    norm = RowNorm(norm_weight, 1e-6, residual, torch.empty_like(residual), torch.empty_like(x))
+    out = dense_gemv(x, weight, config=config, activation=activation, norm=norm)
+    expected_row, expected_sum = fused_add_rms_norm_ref(x, residual, norm_weight, 1e-6)
+    assert torch.equal(residual, kept) and torch.equal(norm.residual_out, expected_sum)
+    torch.testing.assert_close(norm.normed_out, expected_row, rtol=NORM_RTOL, atol=1e-5)
+    expected = dense_gemv(norm.normed_out, weight, config=config, activation=activation)
+    torch.testing.assert_close(out, expected, atol=TOLERANCE[NORM_DTYPE] * expected.abs().max().item(), rtol=0)

@@ -16,12 +16,14 @@ import triton
 
 # Each variant: (kernel, its pointer and float arguments' types, its constexprs); other runtime arguments are int32.
 DENSE = ("wick.kernels.dense_gemv:_dense_gemv_kernel",
-         {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16"})
+         {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "residual_ptr": "*bf16",
+          "norm_ptr": "*bf16", "residual_out_ptr": "*bf16", "normed_out_ptr": "*bf16", "eps": "fp32"})
 FP8 = ("wick.kernels.fp8_matmul:_fp8_gemv_kernel",
        {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "out_ptr": "*bf16", "experts_ptr": "*i64"})
 VARIANTS = {
-    **{f"dense act {act}": (*DENSE, {"BLOCK_N": 2, "BLOCK_K": 1024, "HAS_BIAS": True, "ACT": act, "PDL": 1})
-       for act in (-1, 0, 1, 2)},
+    **{f"dense act {act} norm {norm}": (*DENSE, {"BLOCK_N": 2, "BLOCK_K": 1024, "HAS_BIAS": True, "ACT": act,
+                                                 "NORM": norm, "PDL": 1})
+       for act, norm in ((-1, False), (0, False), (1, False), (2, False), (-1, True), (0, True))},
     **{f"fp8 act {act} experts {experts} groups {groups}": (
         *FP8, {"BLOCK_SN": 128, "BLOCK_SK": 128 if groups > 1 else 4096, "BLOCK_N": 2,
                "BLOCK_K": 512 if groups > 1 else 2048, "GROUPS": groups, "X_ROW_DIV": 1, "EXPERTS": experts,
@@ -37,8 +39,8 @@ VARIANTS = {
          "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32", "PDL": 2}),
     **{f"rms norm pdl {pdl}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
-        {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "out_ptr": "*bf16", "x_weight_ptr": "*bf16",
-         "eps": "fp32", "x_eps": "fp32"},
+        {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",
+         "out_ptr": "*bf16", "x_weight_ptr": "*bf16", "eps": "fp32", "x_eps": "fp32"},
         {"D": 1024, "BLOCK_D": 1024, "BLOCK_ROWS": 2, "HAS_RESIDUAL": True, "X_NORM": False, "PDL": pdl})
        for pdl in (1, 2)},
     **{f"int8 gemv {name}": (
@@ -88,4 +90,4 @@ def test_kernels_compile_for_hopper() -> None:
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
-    assert order["dense act -1"][0] == "launch_dependents"
+    assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"

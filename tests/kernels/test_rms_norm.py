@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wick.kernels.rms_norm import fused_add_rms_norm, fused_add_rms_norm_ref, rms_norm, rms_norm_ref
+from wick.kernels.rms_norm import (
+    RowNorm,
+    fused_add_rms_norm,
+    fused_add_rms_norm_ref,
+    rms_norm,
+    rms_norm_ref,
+    row_norm,
+)
 from wick.layers.norm import RMSNorm
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -172,4 +179,20 @@ def test_layer_dispatches_and_captures_in_cuda_graph() -> None:
     graph_residual.copy_(residual)
     graph.replay()
     torch.testing.assert_close(graph_residual, expected_residual, atol=0, rtol=0)
+    assert_close(out, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_row_norm_out_of_place(dtype: torch.dtype) -> None:
+    """A pending norm's kernel: x + residual into residual_out, the residual left as it was, the normed row into
+    normed_out."""
+    g = torch.Generator().manual_seed(11)
+    x, residual = (torch.randn(1, 96, generator=g).to(DEVICE, dtype) for _ in range(2))
+    weight = random_weight(96, dtype)
+    kept = residual.clone()
+    norm = RowNorm(weight, 1e-6, residual, torch.empty_like(residual), torch.empty_like(x))
+    out = row_norm(x, norm)
+    expected, expected_sum = fused_add_rms_norm_ref(x, residual, weight, 1e-6)
+    assert out is norm.normed_out and torch.equal(residual, kept)
+    torch.testing.assert_close(norm.residual_out, expected_sum, rtol=0, atol=0)
     assert_close(out, expected)

@@ -2,7 +2,8 @@
 a program, BLOCK_K columns a step, the products summed in float32. At batch 1 it is 1.07-1.8x faster than cuBLAS
 at every layer of four models' shapes (docs/benchmarks.md, session 20); splitting K was no faster at any. Over a
 merged gate/up projection it writes act(gate) * up itself, so no activation kernel runs between it and the down
-projection."""
+projection. Given a RowNorm it norms x + the residual itself first, so no norm kernel runs between it and the
+GEMV before, which pays where K is small (NORM_BELOW_K)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,59 @@ import triton.language as tl
 
 from wick.kernels.activation import gated_gemv_output, gated_gemv_rows, gated_gemv_shape
 from wick.kernels.pdl import pdl_options
+from wick.kernels.rms_norm import RowNorm
 
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
 # from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
 DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
+# K below which the GEMV takes its x's RMSNorm: a layer's GEMVs in CUDA graphs on an H100 (docs/benchmarks.md,
+# session 25), us a layer with the norms in the GEMVs against as kernels: 16.1 against 17.5-18.7 at K 1,024, 44.9
+# against 44.9 at 2,048, 147.0 against 145.4 at 4,096 (each program reads x and the residual twice).
+NORM_BELOW_K = 2048
+
+
+@triton.jit
+def _added(x_ptr, residual_ptr, k, k_mask):
+    """x + residual over columns k, rounded to x's dtype."""
+    x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+    return (x.to(tl.float32) + tl.load(residual_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(x.dtype)
+
+
+@triton.jit
+def _row_rstd(x_ptr, residual_ptr, K, eps, BLOCK_K: tl.constexpr):
+    ks = tl.arange(0, BLOCK_K)
+    squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        h = _added(x_ptr, residual_ptr, k0 + ks, k0 + ks < K).to(tl.float32)
+        squares += h * h
+    return tl.rsqrt(tl.sum(squares, axis=0) / K + eps)
+
+
+@triton.jit
+def _gemv_input(x_ptr, residual_ptr, norm_ptr, residual_out_ptr, normed_out_ptr, k, k_mask, rstd,
+                NORM: tl.constexpr):
+    """x over columns k, or where NORM rms_norm(x + residual) * norm's weight (program 0 storing x + residual
+    and the normed row)."""
+    if not NORM:
+        return tl.load(x_ptr + k, mask=k_mask, other=0.0)
+    h = _added(x_ptr, residual_ptr, k, k_mask)
+    scaled = (h.to(tl.float32) * rstd).to(h.dtype).to(tl.float32)
+    normed = (scaled * tl.load(norm_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(h.dtype)
+    if tl.program_id(0) == 0:
+        tl.store(residual_out_ptr + k, h, mask=k_mask)
+        tl.store(normed_out_ptr + k, normed, mask=k_mask)
+    return normed
 
 
 @triton.jit
 def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
+                       residual_ptr, norm_ptr, residual_out_ptr, normed_out_ptr, eps,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, ACT: tl.constexpr,
-                       PDL: tl.constexpr):
+                       NORM: tl.constexpr, PDL: tl.constexpr):
     """Where ACT >= 0 W holds 2N rows, gate rows then up rows, and the program takes BLOCK_N rows of each and
-    writes act(gate) * up (activation.gated_gemv_output). Where PDL (pdl.py) the first step's weights load while
-    the kernel before ends (nothing writes weights), x only after it has."""
+    writes act(gate) * up (activation.gated_gemv_output). Where NORM x is normed first (_gemv_input). Where PDL
+    (pdl.py) the first step's weights load while the kernel before ends (nothing writes weights), x only after it
+    has."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
     w_index, rows, n_mask = gated_gemv_rows(tl.program_id(0), N, BLOCK_N, ACT)
@@ -33,13 +74,16 @@ def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
     w = tl.load(w_rows + ks[None, :], mask=(ks < K)[None, :], other=0.0)
     if PDL:
         tl.extra.cuda.gdc_wait()
-    x = tl.load(x_ptr + ks, mask=ks < K, other=0.0)
+    rstd = 1.0
+    if NORM:
+        rstd = _row_rstd(x_ptr, residual_ptr, K, eps, BLOCK_K)
+    x = _gemv_input(x_ptr, residual_ptr, norm_ptr, residual_out_ptr, normed_out_ptr, ks, ks < K, rstd, NORM)
     acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
     for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
         w = tl.load(w_rows + k[None, :], mask=k_mask[None, :], other=0.0)
-        x = tl.load(x_ptr + k, mask=k_mask, other=0.0)
+        x = _gemv_input(x_ptr, residual_ptr, norm_ptr, residual_out_ptr, normed_out_ptr, k, k_mask, rstd, NORM)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
     total = tl.sum(acc, axis=1)
     if HAS_BIAS:
@@ -49,17 +93,22 @@ def _dense_gemv_kernel(x_ptr, w_ptr, bias_ptr, out_ptr, N, K, stride_wn,
 
 
 def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-               config: tuple[int, int, int] | None = None, activation: str | None = None) -> torch.Tensor:
+               config: tuple[int, int, int] | None = None, activation: str | None = None,
+               norm: RowNorm | None = None) -> torch.Tensor:
     """x [..., K] holding one row @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype; weight's rows
     contiguous. activation: an activation.ACTIVATIONS name: weight (and bias) hold gate rows then up rows, and
-    the result is act(gate) * up, [..., N / 2]. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and
-    tests; None picks them."""
+    the result is act(gate) * up, [..., N / 2]. norm: an RMSNorm of x and its residual first, its weight in
+    x's dtype. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and tests; None picks them."""
     n, act = gated_gemv_shape(weight.shape[0], activation)
     k = weight.shape[1]
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
     block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)
+    norm_args = (out, out, out, out, 0.0) if norm is None else (
+        norm.residual, norm.weight, norm.residual_out, norm.normed_out, norm.eps)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
-        x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        HAS_BIAS=bias is not None, ACT=act, num_warps=warps, **pdl_options(x))
+        x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), *norm_args, BLOCK_N=block_n,
+        BLOCK_K=block_k, HAS_BIAS=bias is not None, ACT=act, NORM=norm is not None, num_warps=warps, **pdl_options(x),
+        # as kernels/rms_norm.py: no product contracted with the sum after its rounding
+        enable_fp_fusion=norm is None)
     return out.reshape(*x.shape[:-1], n)

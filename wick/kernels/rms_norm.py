@@ -10,11 +10,26 @@ million, by one or two ulps.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from wick.kernels.pdl import pdl_options, pdl_prologue
+
+
+class RowNorm(NamedTuple):
+    """An RMSNorm of one row that the kernel reading the row applies first (the batch-1 float GEMV):
+    rms_norm(x + residual) * weight, rounded where this module's kernel rounds. That kernel writes x + residual
+    to residual_out and the normed row to normed_out (both contiguous, in x's dtype), for what reads them later."""
+
+    weight: torch.Tensor
+    eps: float
+    residual: torch.Tensor
+    residual_out: torch.Tensor
+    normed_out: torch.Tensor
+
 
 # elements one program normalizes: small rows (per-head q/k norms) are packed several to a program
 _ELEMENTS_PER_PROGRAM = 2048
@@ -31,7 +46,7 @@ def _normalize(x, weight_ptr, cols, eps, D: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, weight_ptr, out_ptr, x_weight_ptr,
+    x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, x_weight_ptr,
     num_rows, heads, stride_xt, stride_xh, stride_xd, stride_rt, stride_rh, stride_rd, eps, x_eps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
     X_NORM: tl.constexpr, PDL: tl.constexpr,
@@ -49,7 +64,7 @@ def _rms_norm_kernel(
         r_offsets = (token * stride_rt + head * stride_rh)[:, None] + cols[None, :] * stride_rd
         residual = tl.load(residual_ptr + r_offsets, mask=mask, other=0.0)
         x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
-        tl.store(residual_ptr + r_offsets, x, mask=mask)
+        tl.store(residual_out_ptr + r_offsets, x, mask=mask)
     out = _normalize(x, weight_ptr, cols, eps, D).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * D + cols[None, :], out, mask=mask)
 
@@ -60,10 +75,15 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
-            x_norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
-    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+            x_norm: tuple[torch.Tensor, float] | None = None, residual_out: torch.Tensor | None = None,
+            out: torch.Tensor | None = None) -> torch.Tensor:
+    if out is None:
+        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     x3 = _as_heads(x)
     r3 = x3 if residual is None else _as_heads(residual)
+    r3_out = r3 if residual_out is None else _as_heads(residual_out)
+    if r3_out.stride() != r3.stride():
+        raise ValueError(f"residual_out's strides {r3_out.stride()} must be the residual's {r3.stride()}")
     tokens, heads, dim = x3.shape
     num_rows = tokens * heads
     if num_rows == 0:
@@ -72,7 +92,7 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_d)
     x_weight, x_eps = x_norm or (weight, eps)
     _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
-        x3, r3, weight, out, x_weight,
+        x3, r3, r3_out, weight, out, x_weight,
         num_rows, heads, *x3.stride(), *r3.stride(), eps, x_eps,
         D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None, X_NORM=x_norm is not None,
         num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x),
@@ -102,6 +122,12 @@ def fused_add_rms_norm(
     if x_norm is not None and x_norm[0].dtype != x.dtype:
         raise ValueError(f"x's norm weight {x_norm[0].dtype} must be in x's dtype {x.dtype}")
     return _launch(x, residual, weight, eps, x_norm), residual
+
+
+def row_norm(x: torch.Tensor, norm: RowNorm) -> torch.Tensor:
+    """The norm's rows by this module's kernel, out of place: x + norm.residual into norm.residual_out, its RMSNorm
+    into norm.normed_out, which is returned."""
+    return _launch(x, norm.residual, norm.weight, norm.eps, residual_out=norm.residual_out, out=norm.normed_out)
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

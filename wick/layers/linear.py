@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
+from wick.layers.pending_norm import PendingNorm, normed
 from wick.layers.quantization.base import LinearMethod, current_quantization
 from wick.layers.quantization.gguf import as_dense
 from wick.layers.quantization.unquantized import UnquantizedLinearMethod
@@ -108,8 +109,12 @@ class LinearBase(nn.Module):
                              f"checkpoint {tuple(loaded_weight.shape)}")
         target.copy_(loaded_weight)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+        return self.quant_method.apply(self, self._input(x), self.bias)
+
+    def _input(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | PendingNorm:
+        """x as the method takes it: a pending norm where the method may apply it itself, else a tensor."""
+        return x if self.quant_method.reads_pending_norm else normed(x)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -139,10 +144,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def shard_index(self, shard_id: int | str | None) -> int:
         return int(shard_id)  # type: ignore[arg-type]
 
-    def gated(self, x: torch.Tensor, act_fn: nn.Module) -> torch.Tensor:
+    def gated(self, x: torch.Tensor | PendingNorm, act_fn: nn.Module) -> torch.Tensor:
         """act_fn (wick.layers.activation's) over this layer's two outputs, gate and up: in one kernel where the
         weights' method has one for x, else the layer then act_fn."""
-        out = self.quant_method.apply_gated(self, x, self.bias, act_fn.kernel_name)
+        out = self.quant_method.apply_gated(self, self._input(x), self.bias, act_fn.kernel_name)
         return act_fn(self.forward(x)) if out is None else out
 
 

@@ -1,4 +1,4 @@
-"""RMSNorm, optionally fused with the residual add that precedes it."""
+"""RMSNorm, optionally fused with the residual add that precedes it, or left to the layer that reads it."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from wick.layers.linear import default_weight_loader
+from wick.layers.pending_norm import PendingNorm
 
 
 class RMSNorm(nn.Module):
@@ -23,13 +24,18 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: RMSNorm | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: RMSNorm | None = None,
+        pending: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor | PendingNorm, torch.Tensor]:
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual). x_norm (with a
-        residual only): a norm applied to x first (Gemma's and GLM-4's norm of a sublayer's output).
+        residual only): a norm applied to x first (Gemma's and GLM-4's norm of a sublayer's output). pending
+        (with a residual, and its reader takes PendingNorm): the norm of one row on CUDA is left to the reader.
 
         On CUDA one fused kernel runs, and x + residual is written into residual in place.
         """
+        if pending and residual is not None and x_norm is None and self._pends(x, residual):
+            norm = PendingNorm(x, residual, self.weight, self.eps)
+            return norm, norm.residual
         if x.is_cuda:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.rms_norm import fused_add_rms_norm, rms_norm
@@ -47,6 +53,11 @@ class RMSNorm(nn.Module):
             x = x_norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def _pends(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        return (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
+                and self.weight.dtype == x.dtype and residual.dtype == x.dtype and x.is_contiguous()
+                and residual.is_contiguous())
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -77,8 +88,10 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: nn.Module | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: nn.Module | None = None,
+        pending: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """pending: ignored (no kernel takes a LayerNorm on its way)."""
         if residual is None:
             return self._norm(x)
         if x_norm is not None:

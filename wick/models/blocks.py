@@ -17,6 +17,7 @@ from wick.layers.activation import get_act_and_mul
 from wick.layers.attention.layer import Attention
 from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from wick.layers.moe.fused_moe import FusedMoE, RouterLinear
+from wick.layers.pending_norm import PendingNorm
 from wick.layers.rotary import RotaryEmbedding, get_rope
 from wick.layers.vocab_embedding import VocabParallelEmbedding
 from wick.models.config import ModelConfig, MoeSpec, RopeSpec
@@ -54,13 +55,15 @@ class RopeCache:
 
 
 class GatedMLP(nn.Module):
+    reads_pending_norm = True  # its input reaches only gate_up_proj (layers.pending_norm)
+
     def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
         self.act_fn = get_act_and_mul(act)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.gated(x, self.act_fn))
 
 
@@ -91,6 +94,8 @@ class SparseMoeBlock(nn.Module):
 class DecoderAttention(nn.Module):
     """Grouped-query attention with RoPE, this layer's window and soft-cap; optional per-head q/k norms."""
 
+    reads_pending_norm = True  # its input reaches only qkv_proj (layers.pending_norm)
+
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding, qk_norm: type[nn.Module] | None = None
                  ) -> None:
         super().__init__()
@@ -108,7 +113,7 @@ class DecoderAttention(nn.Module):
             self.q_norm = qk_norm(self.head_dim, cfg.norm_eps)
             self.k_norm = qk_norm(self.head_dim, cfg.norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor | PendingNorm) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
         cache = self.attn.cache_target()
@@ -133,17 +138,20 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x_norm: the previous layer's post-MLP norm, still to be applied to hidden_states. Returns (the MLP's
         output, before this layer's post-MLP norm, and the residual stream before it): the next norm applies
-        the post-MLP norm and adds them, in one kernel on CUDA."""
+        the post-MLP norm and adds them, in one kernel on CUDA, or leaves them to the sublayer that reads them
+        where it takes a pending norm (layers.pending_norm)."""
         layout = self.layout
         pre_attn = getattr(self, layout.pre_attn)
         if residual is None:
             residual = hidden_states
             hidden_states = pre_attn(hidden_states)
         else:
-            hidden_states, residual = pre_attn(hidden_states, residual, x_norm)
+            hidden_states, residual = pre_attn(hidden_states, residual, x_norm,
+                                               pending=getattr(self.self_attn, "reads_pending_norm", False))
         hidden_states = self.self_attn(positions, hidden_states)
         post_attn = getattr(self, layout.post_attn) if layout.post_attn is not None else None
-        hidden_states, residual = getattr(self, layout.pre_mlp)(hidden_states, residual, post_attn)
+        hidden_states, residual = getattr(self, layout.pre_mlp)(
+            hidden_states, residual, post_attn, pending=getattr(self.mlp, "reads_pending_norm", False))
         return self.mlp(hidden_states), residual
 
     @property

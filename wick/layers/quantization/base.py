@@ -56,6 +56,10 @@ class QuantizationConfig(ABC):
 class LinearMethod(ABC):
     """Creates, loads (shard by shard, through the layer's weight loader) and applies a layer's weights."""
 
+    # Whether `apply` and `apply_gated` take x as a layers.pending_norm.PendingNorm, whose norm a kernel of theirs
+    # may apply (else x reaches them normed).
+    reads_pending_norm = False
+
     @abstractmethod
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:

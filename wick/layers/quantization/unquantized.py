@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wick.layers.pending_norm import PendingNorm
 from wick.layers.quantization.base import LinearMethod, set_weight_attrs
+
+if TYPE_CHECKING:
+    from wick.kernels.rms_norm import RowNorm
 
 
 def runs_dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -16,28 +22,47 @@ def runs_dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and x.dtype in (torch.bfloat16, torch.float16) and weight.stride(1) == 1)
 
 
-def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def _gemv_input(x: torch.Tensor | PendingNorm, weight: torch.Tensor) -> tuple[torch.Tensor, RowNorm | None]:
+    """(the row x @ W^T reads, and the norm the GEMV applies to it first): a pending norm's own where the GEMV takes
+    it (below dense_gemv.NORM_BELOW_K), else none."""
+    if not isinstance(x, PendingNorm):
+        return x, None
+    if runs_dense_gemv(x.x, weight):
+        from wick.kernels.dense_gemv import NORM_BELOW_K
+
+        norm = x.take() if weight.shape[1] < NORM_BELOW_K else None
+        if norm is not None:
+            return x.x, norm
+    return x.value(), None
+
+
+def dense_linear(x: torch.Tensor | PendingNorm, weight: torch.Tensor, bias: torch.Tensor | None = None
+                 ) -> torch.Tensor:
     """F.linear, or the Triton GEMV where it runs."""
+    x, norm = _gemv_input(x, weight)
     if runs_dense_gemv(x, weight):
         from wick.kernels.dense_gemv import dense_gemv
 
-        return dense_gemv(x, weight, bias)
+        return dense_gemv(x, weight, bias, norm=norm)
     return F.linear(x, weight, bias)
 
 
 class UnquantizedLinearMethod(LinearMethod):
+    reads_pending_norm = True
+
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=params_dtype), requires_grad=False)
         layer.register_parameter("weight", set_weight_attrs(weight, output_dim=0, input_dim=1))
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
         return dense_linear(x, layer.weight, bias)
 
-    def apply_gated(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+    def apply_gated(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None,
                     activation: str) -> torch.Tensor | None:
-        if not runs_dense_gemv(x, layer.weight):
+        if not runs_dense_gemv(x.x if isinstance(x, PendingNorm) else x, layer.weight):
             return None
         from wick.kernels.dense_gemv import dense_gemv
 
-        return dense_gemv(x, layer.weight, bias, activation=activation)
+        x, norm = _gemv_input(x, layer.weight)
+        return dense_gemv(x, layer.weight, bias, activation=activation, norm=norm)

@@ -1,0 +1,47 @@
+"""An RMSNorm of one row left for the layer that reads it, which may apply it inside its own kernel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from wick.kernels.rms_norm import RowNorm
+
+
+class PendingNorm:
+    """RMSNorm(x + residual) of one row (a batch-1 step's) left for the layer that reads it: a kernel of that
+    layer that can apply it on its way (kernels/rms_norm.RowNorm: the float GEMV where K is small) takes it, and
+    no norm kernel runs; else `value()` runs one. `residual`, x + residual out of place, is written by whichever
+    runs first."""
+
+    def __init__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+        self.x = x
+        self.residual = torch.empty_like(residual)
+        self._norm = (weight, eps, residual)
+        self._normed: torch.Tensor | None = None
+
+    def take(self) -> RowNorm | None:
+        """The norm, for a kernel about to apply it to x that must then run; None once one has (value() has it)."""
+        if self._normed is not None:
+            return None
+        from wick.kernels.rms_norm import RowNorm
+
+        self._normed = torch.empty_like(self.x)
+        weight, eps, residual = self._norm
+        return RowNorm(weight, eps, residual, self.residual, self._normed)
+
+    def value(self) -> torch.Tensor:
+        """The normed row."""
+        norm = self.take()
+        if norm is not None:
+            from wick.kernels.rms_norm import row_norm
+
+            row_norm(self.x, norm)
+        return self._normed
+
+
+def normed(x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    """x, or a pending norm's row."""
+    return x.value() if isinstance(x, PendingNorm) else x
