@@ -18,10 +18,17 @@ from wick.kernels.rms_norm import RowNorm
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
 # from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
 DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
-# K below which the GEMV takes its x's RMSNorm: a layer's GEMVs in CUDA graphs on an H100 (docs/benchmarks.md,
-# session 25), us a layer with the norms in the GEMVs against as kernels: 16.1 against 17.5-18.7 at K 1,024, 44.9
-# against 44.9 at 2,048, 147.0 against 145.4 at 4,096 (each program reads x and the residual twice).
+# Where the GEMV takes its x's RMSNorm (takes_norm): below this K, or at most this many rows of W (a router's). A
+# layer's GEMVs in CUDA graphs on an H100 (docs/benchmarks.md, session 25), us a layer with the norms in the GEMVs
+# against as kernels: 16.1 against 17.5-18.7 at K 1,024, 44.9 against 44.9 at 2,048, 147.0 against 145.4 at 4,096:
+# each program reads x and the residual twice, which costs more the more programs there are.
 NORM_BELOW_K = 2048
+NORM_MAX_ROWS = 256
+
+
+def takes_norm(n: int, k: int) -> bool:
+    """Whether the GEMV over W [n, k] is to apply its x's RMSNorm itself (a RowNorm) rather than a kernel before."""
+    return k < NORM_BELOW_K or n <= NORM_MAX_ROWS
 
 
 @triton.jit

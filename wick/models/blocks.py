@@ -17,7 +17,7 @@ from wick.layers.activation import get_act_and_mul
 from wick.layers.attention.layer import Attention
 from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from wick.layers.moe.fused_moe import FusedMoE, RouterLinear
-from wick.layers.pending_norm import PendingNorm
+from wick.layers.pending_norm import PendingNorm, normed
 from wick.layers.rotary import RotaryEmbedding, get_rope
 from wick.layers.vocab_embedding import VocabParallelEmbedding
 from wick.models.config import ModelConfig, MoeSpec, RopeSpec
@@ -70,6 +70,8 @@ class GatedMLP(nn.Module):
 class SparseMoeBlock(nn.Module):
     """Router, routed experts and, where the family has them, shared experts (always on)."""
 
+    reads_pending_norm = True  # the router reads it first, the rest its normed row (layers.pending_norm)
+
     def __init__(self, spec: MoeSpec, hidden_size: int, act: str, shared_name: str = "shared_expert") -> None:
         super().__init__()
         if act not in ("silu", "swish"):
@@ -81,8 +83,10 @@ class SparseMoeBlock(nn.Module):
             setattr(self, shared_name, GatedMLP(hidden_size, spec.shared_intermediate_size, act))
         self.shared_expert_gate = RouterLinear(hidden_size, 1) if spec.shared_expert_gate else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, self.gate(x), self.gate.e_score_correction_bias)
+    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+        router_logits = self.gate(x)
+        x = normed(x)
+        out = self.experts(x, router_logits, self.gate.e_score_correction_bias)
         if self.shared_name is not None:
             shared = getattr(self, self.shared_name)(x)
             if self.shared_expert_gate is not None:

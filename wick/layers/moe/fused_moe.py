@@ -23,6 +23,7 @@ from wick.layers.moe.fp8_experts import Fp8Experts, Fp8ExpertWeights, fused_expe
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf, packs_experts
 from wick.layers.moe.routing import select_experts
 from wick.layers.moe.wna16_experts import Wna16Experts, Wna16ExpertWeights, fused_experts_wna16
+from wick.layers.pending_norm import PendingNorm
 from wick.layers.quantization.awq import AWQConfig
 from wick.layers.quantization.base import QuantizationConfig, current_quantization
 from wick.layers.quantization.fp8 import Fp8Config
@@ -104,7 +105,7 @@ class RouterLinear(nn.Module):
         else:
             self.e_score_correction_bias = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
         return dense_linear(x, self.weight)
 
 

@@ -24,13 +24,13 @@ def runs_dense_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _gemv_input(x: torch.Tensor | PendingNorm, weight: torch.Tensor) -> tuple[torch.Tensor, RowNorm | None]:
     """(the row x @ W^T reads, and the norm the GEMV applies to it first): a pending norm's own where the GEMV takes
-    it (below dense_gemv.NORM_BELOW_K), else none."""
+    it (dense_gemv.takes_norm), else none."""
     if not isinstance(x, PendingNorm):
         return x, None
     if runs_dense_gemv(x.x, weight):
-        from wick.kernels.dense_gemv import NORM_BELOW_K
+        from wick.kernels.dense_gemv import takes_norm
 
-        norm = x.take() if weight.shape[1] < NORM_BELOW_K else None
+        norm = x.take() if takes_norm(*weight.shape) else None
         if norm is not None:
             return x.x, norm
     return x.value(), None
