@@ -19,9 +19,10 @@ from wick.kernels.rms_norm import RowNorm
 # from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
 DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
 # Where the GEMV takes its x's RMSNorm (takes_norm): below this K, or at most this many rows of W (a router's). A
-# layer's GEMVs in CUDA graphs on an H100 (docs/benchmarks.md, session 25), us a layer with the norms in the GEMVs
-# against as kernels: 16.1 against 17.5-18.7 at K 1,024, 44.9 against 44.9 at 2,048, 147.0 against 145.4 at 4,096:
-# each program reads x and the residual twice, which costs more the more programs there are.
+# layer's GEMVs in CUDA graphs on an H200 (benchmarks/kernels/bench_norm_in_gemv.py, docs/benchmarks.md session
+# 25), us a layer with the norms in the GEMVs against as kernels: 14.6 against 15.7 at K 1,024, 39.9 against 36.0
+# at 2,048, 119.1 against 106.7 at 4,096: each program reads x and the residual twice, which costs more the more
+# programs there are. A router's few programs gain (Qwen3-30B-A3B's decode graph 0.7% shorter).
 NORM_BELOW_K = 2048
 NORM_MAX_ROWS = 256
 
