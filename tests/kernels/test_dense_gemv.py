@@ -81,8 +81,8 @@ def test_gemma3_lm_head() -> None:
 @pytest.mark.parametrize("config", [(4, 64, 2), (2, 512, 4)], ids=str)
 def test_norm(config: tuple[int, int, int], activation: str | None) -> None:
     """With a RowNorm the GEMV reads rms_norm(x + residual) (over one step of K and over several): its program 0
-    stores x + residual out of place and the normed row, the norm kernels' row, and the result is the GEMV of
-    that row."""
+    stores x + residual out of place and the normed row (the reference's, but for the order of the squares'
+    sum), and the result is the GEMV of that row."""
     g = torch.Generator().manual_seed(9)
     x, residual = (torch.randn(1, 300, generator=g).to(DEVICE, NORM_DTYPE) for _ in range(2))
     norm_weight = torch.empty(300).normal_(1.0, 0.3, generator=g).to(DEVICE, NORM_DTYPE)

@@ -1,21 +1,27 @@
 """A batch-1 row's RMSNorm left to the layer that reads it: the float GEMV applies it on its way, with no norm
 kernel of its own, other layers get the norm kernel's row, and both give what the norm kernel then the layer
-give."""
+give; whole models decode through them as through the norms run first."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from wick.layers.norm import RMSNorm
 from wick.layers.pending_norm import PendingNorm
+from wick.layers.quantization import unquantized
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "quantization"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def needs_cuda(test: Callable) -> Callable:
+    return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
 
 
 def _layer(quantization: str | None) -> torch.nn.Module:
@@ -37,6 +43,7 @@ def _layer(quantization: str | None) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize(("quantization", "fused"), [(None, True), ("q4_k", False)])
+@needs_cuda
 def test_readers_apply_the_norm(quantization: str | None, fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 weights: the GEMVs norm the row themselves (no norm kernel runs); Q4_K ones: the norm kernel runs."""
     import wick.kernels.rms_norm as rms_norm_kernels  # Triton compiles or interprets as it is first imported
@@ -61,11 +68,52 @@ def test_readers_apply_the_norm(quantization: str | None, fused: bool, monkeypat
         assert layer.self_attn.qkv_proj.gguf_parts[0].data.is_cuda
 
 
-def test_other_readers_get_the_normed_row() -> None:
-    """A reader that takes no pending norm (an fp32 F.linear here) gets the norm kernel's row."""
+@needs_cuda
+def test_value_is_the_norm_kernels_row() -> None:
+    """value() without a GEMV having taken the norm: the norm kernel's row and residual, and the norm is spent."""
     layer = _layer(None)
     x, residual = (torch.randn(1, 256, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     normed, expected_residual = layer.input_layernorm(x, residual.clone())
     pending, pending_residual = layer.input_layernorm(x, residual.clone(), pending=True)
     assert torch.equal(pending.value(), normed) and torch.equal(pending_residual, expected_residual)
     assert pending.take() is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter runs the kernels on CPU tensors")
+@pytest.mark.parametrize("name", ["qwen3", "qwen2_moe", "mixtral"])
+def test_models_decode_through_pending_norms(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One sequence's one-token decode steps, float32 on the CPU with the GEMVs (Triton's interpreter) standing in
+    for CUDA's batch-1 path: with the norms left pending, every layer's attention and its MLP's gate/up or MoE
+    router take them (the experts and shared experts read the router's row), and the logits are those of the
+    norms run first."""
+    from hf_configs import build_pair, hf_configs
+    from paged_generate import PagedRunner
+
+    import wick.kernels.dense_gemv as dense_gemv_kernels
+
+    def one_row_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+        return x.numel() == weight.shape[1] and x.dtype == weight.dtype and weight.stride(1) == 1
+
+    def one_row(self: RMSNorm, x: torch.Tensor, residual: torch.Tensor) -> bool:
+        return x.dim() == 2 and x.shape[0] == 1 and x.dtype == self.weight.dtype == residual.dtype
+
+    normed_gemvs = []
+    gemv = dense_gemv_kernels.dense_gemv
+
+    def counted(*args, norm=None, **kwargs) -> torch.Tensor:
+        normed_gemvs.append(norm is not None)
+        return gemv(*args, norm=norm, **kwargs)
+
+    monkeypatch.setattr(unquantized, "runs_dense_gemv", one_row_gemv)
+    monkeypatch.setattr(dense_gemv_kernels, "dense_gemv", counted)
+    config = hf_configs()[name]
+    _, ours = build_pair(config)
+    prompt = [[5, 17, 42, 9, 77]]
+    expected = PagedRunner(ours).generate(prompt, 3)
+    assert not any(normed_gemvs)
+    monkeypatch.setattr(RMSNorm, "_pends", one_row)
+    got = PagedRunner(ours).generate(prompt, 3)
+    assert got[0][0] == expected[0][0]
+    torch.testing.assert_close(got[0][1], expected[0][1], atol=1e-4, rtol=1e-4)
+    # two decode steps of one row, each norm but the first layer's pre-attention one in a GEMV
+    assert sum(normed_gemvs) == 2 * (2 * config.num_hidden_layers - 1)

@@ -117,6 +117,6 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
         x1, weight, out if bias is None else bias, out, n, k, weight.stride(0), *norm_args, BLOCK_N=block_n,
         BLOCK_K=block_k, HAS_BIAS=bias is not None, ACT=act, NORM=norm is not None, num_warps=warps, **pdl_options(x),
-        # as kernels/rms_norm.py: no product contracted with the sum after its rounding
+        # compiled as kernels/rms_norm.py is, without fused multiply-adds, so the norm's squares sum as there
         enable_fp_fusion=norm is None)
     return out.reshape(*x.shape[:-1], n)

@@ -31,7 +31,8 @@ class RMSNorm(nn.Module):
         residual only): a norm applied to x first (Gemma's and GLM-4's norm of a sublayer's output). pending
         (with a residual, and its reader takes PendingNorm): the norm of one row on CUDA is left to the reader.
 
-        On CUDA one fused kernel runs, and x + residual is written into residual in place.
+        On CUDA one fused kernel runs, and x + residual is written into residual in place (a pending norm's goes
+        out of place, into PendingNorm.residual).
         """
         if pending and residual is not None and x_norm is None and self._pends(x, residual):
             norm = PendingNorm(x, residual, self.weight, self.eps)
