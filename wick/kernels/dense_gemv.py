@@ -13,7 +13,7 @@ import triton.language as tl
 
 from wick.kernels.activation import gated_gemv_output, gated_gemv_rows, gated_gemv_shape
 from wick.kernels.pdl import pdl_options
-from wick.kernels.rms_norm import RowNorm
+from wick.kernels.rms_norm import RowNorm, scale_row
 
 # (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
 # from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
@@ -57,8 +57,7 @@ def _gemv_input(x_ptr, residual_ptr, norm_ptr, residual_out_ptr, normed_out_ptr,
     if not NORM:
         return tl.load(x_ptr + k, mask=k_mask, other=0.0)
     h = _added(x_ptr, residual_ptr, k, k_mask)
-    scaled = (h.to(tl.float32) * rstd).to(h.dtype).to(tl.float32)
-    normed = (scaled * tl.load(norm_ptr + k, mask=k_mask, other=0.0).to(tl.float32)).to(h.dtype)
+    normed = scale_row(h, rstd, tl.load(norm_ptr + k, mask=k_mask, other=0.0)).to(h.dtype)
     if tl.program_id(0) == 0:
         tl.store(residual_out_ptr + k, h, mask=k_mask)
         tl.store(normed_out_ptr + k, normed, mask=k_mask)

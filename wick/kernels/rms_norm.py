@@ -36,12 +36,18 @@ _ELEMENTS_PER_PROGRAM = 2048
 
 
 @triton.jit
+def scale_row(x, rstd, weight):
+    """x in its dtype times rstd, rounded to that dtype, times weight, in fp32: the norm's rounding (shapes
+    broadcast), which a kernel applying a RowNorm shares."""
+    return (x.to(tl.float32) * rstd).to(x.dtype).to(tl.float32) * weight.to(tl.float32)
+
+
+@triton.jit
 def _normalize(x, weight_ptr, cols, eps, D: tl.constexpr):
     """x [rows, BLOCK_D] in its dtype -> rms_norm(x) * weight in fp32, the scaled row rounded to x's dtype."""
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)
-    normed = (xf * rstd[:, None]).to(x.dtype).to(tl.float32)
-    return normed * tl.load(weight_ptr + cols, mask=cols < D, other=0.0).to(tl.float32)[None, :]
+    return scale_row(x, rstd[:, None], tl.load(weight_ptr + cols, mask=cols < D, other=0.0)[None, :])
 
 
 @triton.jit(do_not_specialize=["num_rows"])

@@ -60,9 +60,9 @@ class UnquantizedLinearMethod(LinearMethod):
 
     def apply_gated(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None,
                     activation: str) -> torch.Tensor | None:
-        if not runs_dense_gemv(x.x if isinstance(x, PendingNorm) else x, layer.weight):
+        x, norm = _gemv_input(x, layer.weight)
+        if not runs_dense_gemv(x, layer.weight):
             return None
         from wick.kernels.dense_gemv import dense_gemv
 
-        x, norm = _gemv_input(x, layer.weight)
         return dense_gemv(x, layer.weight, bias, activation=activation, norm=norm)
