@@ -1,7 +1,7 @@
-"""The gated GEMVs, two int8 GEMVs, the split paged attention, RMSNorm and the sampler's draw compiled for an H100
-(sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not
-check, such as the shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs
-in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
+"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k), RMSNorm and the sampler's
+draw compiled for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of
+running them) does not check, such as the shapes a compiled kernel must keep and where it waits for the kernel before
+it. The compiler runs in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -29,14 +29,18 @@ VARIANTS = {
                "BLOCK_K": 512 if groups > 1 else 2048, "GROUPS": groups, "X_ROW_DIV": 1, "EXPERTS": experts,
                "ACT": act, "PDL": int(not experts)})
        for act, experts, groups in ((-1, False, 1), (0, False, 1), (0, True, 1), (0, False, 4))},
-    "paged attention, split": (
+    **{f"paged attention, split, rope {rope}": (
         "wick.kernels.paged_attention:_paged_attention_kernel",
-        {"q_ptr": "*bf16", "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16", "out_ptr": "*bf16", "part_acc_ptr": "*fp32",
-         "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32",
-         "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32", "v_scale": "fp32",
-         "soft_cap": "fp32"},
+        {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "out_ptr": "*bf16",
+         "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_used_ptr": "*i32",
+         "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
+         "v_scale": "fp32", "soft_cap": "fp32", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "slot_mapping_ptr": "*i64",
+         "cos_sin_ptr": "*fp32", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "norm_eps": "fp32",
+         "k_inv_scale": "fp32", "v_inv_scale": "fp32"},
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
-         "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32", "PDL": 2}),
+         "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32",
+         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "PDL": 2})
+       for rope, cache in ((False, "bf16"), (True, "bf16"), (True, "fp8e4nv"))},
     **{f"rms norm pdl {pdl}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",

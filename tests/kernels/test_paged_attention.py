@@ -8,7 +8,10 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from wick.kernels.kv_cache_write import KVCacheTarget
 from wick.kernels.paged_attention import choose_num_splits, paged_attention, paged_attention_ref
+from wick.kernels.rotary import rotary_embedding
+from wick.layers.rotary import RopeInputs, get_rope
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 MIXED = ([1, 9, 17, 30, 70], [1, 9, 5, 1, 3])  # (seq_lens, query_lens): prefills, chunks over context, decodes
@@ -137,6 +140,64 @@ def test_split_choice() -> None:
     assert choose_num_splits(num_programs=1, max_seq_len=1 << 20, num_sms=sms) == 64
 
 
+def check_rotating(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                   cache_dtype: torch.dtype | None = None, norms: bool = False, num_splits: int | None = None,
+                   sliding_window: int | None = None, device: str = DEVICE) -> None:
+    """A decode step whose q and k come unrotated (views of one QKV row, as the projection leaves them): the kernel
+    rotating them and writing the new K/V itself against the rotary kernel writing the cache, then the kernel. The
+    last token belongs to no request (slot -1): its cache slot stays as it was. Same caches, same attention."""
+    batch = make_batch(seq_lens, [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, 16, dtype, pad_tokens=1,
+                       device=device)
+    k_cache, v_cache = batch.k_cache, batch.v_cache
+    if cache_dtype is not None:
+        k_cache, v_cache = (torch.nan_to_num(c).to(cache_dtype) for c in (k_cache, v_cache))
+    num_tokens = len(seq_lens) + 1
+    qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=device) * 2
+    q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    positions = torch.tensor([*seq_lens, 1], device=device) - 1
+    tables = batch.block_tables.long()
+    slots = tables[torch.arange(len(seq_lens), device=device), positions[:-1] // 16] * 16 + positions[:-1] % 16
+    slots = torch.cat([slots, slots.new_full((1,), -1)])
+    cos_sin = get_rope(head_dim, max(seq_lens), 10000.0).to(device).cos_sin_cache
+    weights = tuple(torch.rand(head_dim, dtype=dtype, device=device) + 0.5 for _ in range(2)) if norms else None
+    scale = head_dim**-0.5
+    k_scale, v_scale = (0.5, 0.25) if cache_dtype is not None else (1.0, 1.0)
+    args = (batch.query_start_loc, batch.seq_lens, batch.block_tables, scale, 1, max(seq_lens))
+    options = dict(num_splits=num_splits, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
+    caches = (k_cache.clone(), v_cache.clone())
+    rotated_q, _ = rotary_embedding(positions, q, k, cos_sin, weights, 1e-6, v,
+                                    KVCacheTarget(*caches, slots, k_scale, v_scale))
+    expected = paged_attention(rotated_q.view(num_tokens, num_heads, head_dim), *caches, *args, **options)
+    out = paged_attention(q.view(num_tokens, num_heads, head_dim), k_cache, v_cache, *args, **options,
+                          rope=RopeInputs(cos_sin, weights, 1e-6),
+                          new_kv=(k.view(num_tokens, num_kv_heads, head_dim), v.view(num_tokens, num_kv_heads,
+                                                                                       head_dim), slots))
+    for ours, theirs in zip((k_cache, v_cache), caches, strict=True):
+        # the norm's sum of squares over a whole head, not by halves, may round a last bit otherwise
+        torch.testing.assert_close(ours.float(), theirs.float(), equal_nan=True, atol=TOLERANCE[dtype] / 4, rtol=0)
+    torch.testing.assert_close(out[:-1], expected[:-1], atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize(("dtype", "norms"), [(torch.float32, False), (torch.float16, True)])
+def test_decode_rotating_q_and_k(dtype: torch.dtype, norms: bool, num_splits: int) -> None:
+    check_rotating([1, 16, 17, 40, 33], 4, 2, 32, dtype, norms=norms, num_splits=num_splits)
+
+
+def test_decode_rotating_into_fp8_pages_past_a_window() -> None:
+    check_rotating([5, 40, 70], 6, 2, 16, torch.float16, cache_dtype=torch.float8_e4m3fn, norms=True, num_splits=2,
+                   sliding_window=8)
+
+
+def test_rotating_needs_a_decode_step() -> None:
+    batch = make_batch(*MIXED, 4, 2, 16, 4, torch.float32)
+    k = torch.zeros(batch.q.shape[0], 2, 16)
+    cos_sin = get_rope(16, 128, 10000.0).cos_sin_cache
+    with pytest.raises(ValueError, match="decode steps only"):
+        paged_attention(*batch, 0.25, max(MIXED[1]), max(MIXED[0]), rope=RopeInputs(cos_sin, None, 1e-6),
+                        new_kv=(k, k, k[:, 0, 0].long()))
+
+
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -183,3 +244,13 @@ def test_sliding_window_and_soft_cap_bf16_cuda(num_splits: int | None) -> None:
           dtype=torch.bfloat16, device="cuda", num_splits=num_splits, sliding_window=1024)
     check([4096, 600], [1, 600], num_heads=8, num_kv_heads=4, head_dim=256, block_size=16,
           dtype=torch.bfloat16, device="cuda", num_splits=num_splits, sliding_window=512, soft_cap=50.0)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("cache_dtype", [None, torch.float8_e4m3fn])
+@pytest.mark.parametrize("batch_size", [1, 64])
+def test_decode_rotating_bf16_cuda(batch_size: int, cache_dtype: torch.dtype | None) -> None:
+    seq_lens = torch.randint(1, 1025, (batch_size,), generator=torch.Generator().manual_seed(1)).tolist()
+    seq_lens[0] = 1024
+    check_rotating(seq_lens, 16, 8, 128, torch.bfloat16, cache_dtype=cache_dtype, norms=True, device="cuda")

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.kv_cache_write import as_storable
+from wick.kernels.kv_cache_write import FP8_DTYPES, as_storable, to_cache_values
 from wick.kernels.pdl import pdl_options, pdl_prologue
+from wick.kernels.rotary import rotated_rows
+
+if TYPE_CHECKING:
+    from wick.layers.rotary import RopeInputs
 
 LOG2E = 1.4426950408889634
 # Keys a split covers at least. At batch 1 an H100 runs a 640-key context in 19.0 us with 2 splits and in
@@ -88,11 +93,17 @@ def _paged_attention_kernel(
     qk_scale, v_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
+    new_k_ptr, new_v_ptr, slot_mapping_ptr, cos_sin_ptr, q_norm_ptr, k_norm_ptr, norm_eps,
+    k_inv_scale, v_inv_scale, stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos_sin,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PDL: tl.constexpr,
+    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, PDL: tl.constexpr,
 ):
+    """ROPE (decode steps only: one query a request): q and the new k arrive as the QKV projection left them (new_k,
+    new_v: the step's k and v); each program rotates its query heads (RMS-normalized first where QK_NORM) at their
+    position, the request's last, and the program whose keys hold that position writes the rotated k and v into the
+    cache, then reads them back with the rest, as rotary.py's kernel would have written them."""
     pdl_prologue(PDL)
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -129,8 +140,12 @@ def _paged_attention_kernel(
     token = (q_start + q_tok).to(tl.int64)
     head = kv_head * GROUP + head_in_group
     pos = context + q_tok
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
-                mask=row_valid[:, None], other=0.0)
+    q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
+    if ROPE:
+        q = rotated_rows(q_rows, dims, row_valid[:, None], pos[:, None], cos_sin_ptr, stride_cos_sin, q_norm_ptr,
+                         norm_eps, HEAD_DIM, QK_NORM)
+    else:
+        q = tl.load(q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
 
     # keys [0, full_end) are visible to every row of the tile; [full_end, kv_end) need the causal mask
     kv_end = tl.minimum(context + q_first + BLOCK_Q, seq_len)
@@ -149,6 +164,22 @@ def _paged_attention_kernel(
 
     k_ptr = k_cache_ptr + kv_head * stride_kh
     v_ptr = v_cache_ptr + kv_head * stride_vh
+    if ROPE:
+        # the new token (position `context`) is among this split's keys: its k and v go into the cache first (all
+        # loads issued at once, the writes masked rather than branched on)
+        new_pos = context + tl.zeros([1, 1], dtype=tl.int32)
+        mine = (lo <= new_pos) & (new_pos < hi)
+        slot = tl.load(slot_mapping_ptr + q_start).to(tl.int64)
+        new_k = rotated_rows(new_k_ptr + q_start.to(tl.int64) * stride_nkt + kv_head * stride_nkh, dims, mine, new_pos,
+                             cos_sin_ptr, stride_cos_sin, k_norm_ptr, norm_eps, HEAD_DIM, QK_NORM)
+        new_v = tl.load(new_v_ptr + q_start.to(tl.int64) * stride_nvt + kv_head * stride_nvh + dims[None, :],
+                        mask=mine)
+        write = mine & (slot + tl.zeros([1, HEAD_DIM], dtype=tl.int64) >= 0)
+        tl.store(k_ptr + slot * stride_ks + dims[None, :], to_cache_values(new_k, k_ptr, k_inv_scale, FP8_CACHE),
+                 mask=write)
+        tl.store(v_ptr + slot * stride_vs + dims[None, :], to_cache_values(new_v, v_ptr, v_inv_scale, FP8_CACHE),
+                 mask=write)
+        tl.debug_barrier()  # the stores are seen by the program's own loads of the page
     table_ptr = block_tables_ptr + req.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -246,6 +277,8 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     config: tuple[int, int, int] | None = None,
+    rope: RopeInputs | None = None,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of a packed batch of queries over their requests' cached keys/values.
 
@@ -263,6 +296,11 @@ def paged_attention(
 
     An fp8 cache holds K / k_scale and V / v_scale; the pages are converted to q's dtype as they load.
     config: (keys per K/V tile, warps, pipeline stages), for benchmarks; None takes tile_config's and 4 warps.
+
+    rope and new_kv (k, v [T, Hkv, D], slot_mapping [T]; together, at decode steps only: max_query_len 1): q and k
+    are not rotated yet, nor k and v written: the kernel rotates q and k as the rotary kernel would (each head
+    RMS-normalized first where rope has norm weights), and writes the rotated k and v into contiguous caches at
+    slot_mapping (slots < 0 are not written), as the rotary kernel writing the cache would have.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -275,6 +313,7 @@ def paged_attention(
         raise ValueError(f"head_dim must be a power of two in [16, 256], got {head_dim}")
     if q.stride(-1) != 1 or out.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("paged_attention needs the head dimension contiguous")
+    rope_args = _rope_args(rope, new_kv, q, k_cache, v_cache, max_query_len, k_scale, v_scale)
     group = num_heads // num_kv_heads
     block_q, group_pad, block_n = tile_config(max_query_len, group, head_dim)
     launch = {"num_warps": 4}
@@ -298,11 +337,12 @@ def paged_attention(
         logits_soft_cap or 0.0, num_reqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), *rope_args,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_M=block_q * group_pad, BLOCK_N=block_n,
         HEAD_DIM=head_dim, BLOCK_SIZE=block_size, REQ_CHUNK=128,
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
+        QK_NORM=rope is not None and rope.norm_weights is not None, FP8_CACHE=k_cache.dtype in FP8_DTYPES,
         **launch, **pdl_options(q),
     )
     if split:
@@ -312,6 +352,24 @@ def paged_attention(
             HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), **pdl_options(out),
         )
     return out
+
+
+def _rope_args(rope: RopeInputs | None, new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+               q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, max_query_len: int, k_scale: float,
+               v_scale: float) -> tuple:
+    """The kernel's arguments new_k_ptr .. stride_cos_sin: rope's and new_kv's, or placeholders it does not read."""
+    if (rope is None) != (new_kv is None):
+        raise ValueError("rope and new_kv come together")
+    if rope is None:
+        return (q, q, q, q, q, q, 0.0, 1.0, 1.0, 0, 0, 0, 0, 0)
+    k, v, slot_mapping = new_kv
+    if max_query_len != 1:
+        raise ValueError(f"the attention kernel rotates q and k at decode steps only, not at {max_query_len} queries")
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("rotating in the attention kernel needs k's and v's heads and the caches contiguous")
+    q_norm, k_norm = rope.norm_weights or (rope.cos_sin_cache, rope.cos_sin_cache)
+    return (k, v, slot_mapping, rope.cos_sin_cache, q_norm, k_norm, rope.eps, 1.0 / k_scale,
+            1.0 / v_scale, k.stride(0), k.stride(1), v.stride(0), v.stride(1), rope.cos_sin_cache.stride(0))
 
 
 def paged_attention_ref(

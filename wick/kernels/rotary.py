@@ -55,6 +55,30 @@ def _rotate_heads(
 
 
 @triton.jit
+def rotated_rows(row_ptrs, dims, mask, positions, cos_sin_ptr, stride_cache, weight_ptr, eps,
+                 HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
+    """Heads at row_ptrs [R, 1] + dims [HEAD_DIM] (mask [R, 1]) rotated at positions [R, 1], each RMS-normalized by
+    weight first where NORM, in their dtype: _rotate_heads' roundings over a whole head at once, as x * [cos, cos] +
+    x rolled by half a head * [-sin, sin] (for a kernel that rotates the heads it reads, paged attention at decode)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    rolled = (dims + HALF) % HEAD_DIM
+    x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0)
+    dtype = x.dtype
+    xf = x.to(tl.float32)
+    xr = tl.load(row_ptrs + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(xf * xf, axis=1, keep_dims=True) / HEAD_DIM + eps)
+        xf = ((xf * rstd).to(dtype).to(tl.float32) * tl.load(weight_ptr + dims).to(tl.float32)[None, :])
+        xr = ((xr * rstd).to(dtype).to(tl.float32) * tl.load(weight_ptr + rolled).to(tl.float32)[None, :])
+        xf, xr = xf.to(dtype).to(tl.float32), xr.to(dtype).to(tl.float32)
+    table = cos_sin_ptr + positions.to(tl.int64) * stride_cache + (dims % HALF)[None, :]
+    cos = tl.load(table, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(table + HALF, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.where(dims[None, :] < HALF, -sin, sin)
+    return ((xf * cos).to(dtype).to(tl.float32) + (xr * sin).to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _write_v(v_ptr, stride_vh, stride_vd, cache_ptr, cache_heads, inv_scale, NUM_HEADS: tl.constexpr,
              HEADS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, FP8: tl.constexpr):
     heads = tl.arange(0, HEADS_PAD)

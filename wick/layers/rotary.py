@@ -7,7 +7,7 @@ Scaling types: default, linear, llama3, yarn and longrope. cos/sin are tabulated
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import nn
@@ -89,6 +89,16 @@ def _cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, magnitude: float) 
     return torch.cat((freqs.cos() * magnitude, freqs.sin() * magnitude), dim=-1)
 
 
+class RopeInputs(NamedTuple):
+    """What the rotary kernel reads beside q, k and their positions (and, where given them, q's and k's per-head RMSNorm
+    weights, in q's dtype, and their eps), for a kernel that rotates q and k itself: paged attention at a decode step,
+    each at its request's last position."""
+
+    cos_sin_cache: torch.Tensor
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None
+    eps: float
+
+
 class RotaryEmbedding(nn.Module):
     """cos_sin_cache [max_position, rotary_dim]: cos of the rotary_dim / 2 frequencies, then sin."""
 
@@ -114,6 +124,17 @@ class RotaryEmbedding(nn.Module):
             rot = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
         return torch.cat((rot, rest), dim=-1).view(shape)
 
+    def kernel_inputs(self, q: torch.Tensor, norms: tuple[RMSNorm, RMSNorm] | None = None) -> RopeInputs | None:
+        """What the rotary kernel reads beside q and k where it rotates q (and applies `norms` itself), else None."""
+        if not (q.is_cuda and self.is_neox and self.rotary_dim == self.head_size):
+            return None
+        if norms is None:
+            return RopeInputs(self.cos_sin_cache, None, 1e-6)
+        q_norm, k_norm = norms
+        if q_norm.eps != k_norm.eps or not q_norm.weight.dtype == k_norm.weight.dtype == q.dtype:
+            return None
+        return RopeInputs(self.cos_sin_cache, (q_norm.weight, k_norm.weight), q_norm.eps)
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         norms: tuple[RMSNorm, RMSNorm] | None = None, v: torch.Tensor | None = None,
@@ -122,21 +143,17 @@ class RotaryEmbedding(nn.Module):
         """positions [T]; q, k [T, heads * head_size] or [T, heads, head_size]; returns them rotated.
         norms: q's and k's per-head RMSNorms (their subclasses change only how weights load), applied first.
         v and cache: the rotated k and v are written into the cache too (by the rotary kernel where it runs)."""
-        kernel = q.is_cuda and self.is_neox and self.rotary_dim == self.head_size
-        fused_norms = None
-        if norms is not None:
+        inputs = self.kernel_inputs(q, norms)
+        if inputs is None and norms is not None:
             q_norm, k_norm = norms
-            if kernel and q_norm.eps == k_norm.eps and q_norm.weight.dtype == k_norm.weight.dtype == q.dtype:
-                fused_norms = (q_norm.weight, k_norm.weight)
-            else:
-                q = q_norm(q.flatten(1).unflatten(1, (-1, self.head_size)))
-                k = k_norm(k.flatten(1).unflatten(1, (-1, self.head_size)))
-        if kernel:
+            q = q_norm(q.flatten(1).unflatten(1, (-1, self.head_size)))
+            k = k_norm(k.flatten(1).unflatten(1, (-1, self.head_size)))
+            inputs = self.kernel_inputs(q)
+        if inputs is not None:
             # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
             from wick.kernels.rotary import rotary_embedding
 
-            return rotary_embedding(positions, q, k, self.cos_sin_cache, fused_norms,
-                                    norms[0].eps if fused_norms is not None else 1e-6, v, cache)
+            return rotary_embedding(positions, q, k, self.cos_sin_cache, inputs.norm_weights, inputs.eps, v, cache)
         cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         if self.is_neox and self.rotary_dim == self.head_size:
             # Whole heads: x * [cos, cos] + [x2, x1] * [-sin, sin], four ops a tensor instead of a dozen, and

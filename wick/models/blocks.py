@@ -120,9 +120,8 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor | PendingNorm) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
-        cache = self.attn.cache_target()
-        q, k = self.rotary_emb(positions, q, k, (self.q_norm, self.k_norm) if self.qk_norm else None, v, cache)
-        return self.o_proj(self.attn(q, k, v, kv_written=cache is not None))
+        norms = (self.q_norm, self.k_norm) if self.qk_norm else None
+        return self.o_proj(self.attn.rotate_and_attend(positions, q, k, v, self.rotary_emb, norms))
 
 
 class DecoderLayer(nn.Module):

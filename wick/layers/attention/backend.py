@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
 from wick.layers.attention.metadata import AttentionMetadata
+
+if TYPE_CHECKING:
+    from wick.layers.rotary import RopeInputs
 
 
 class AttentionBackend(ABC):
@@ -17,6 +21,9 @@ class AttentionBackend(ABC):
     # True when the cache is laid out as wick.kernels.kv_cache_write writes it, so a caller may write k/v
     # there itself (the rotary kernel does, while it rotates k) and call forward() with kv_written=True.
     caller_writes_kv: bool = False
+    # True when forward() takes `rope` at decode steps (max_query_len 1): q and k not yet rotated, nor k and v written,
+    # which its kernel then does itself (no rotary kernel runs).
+    rotates_at_decode: bool = False
 
     def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A zeroed cache of `shape` ([num_blocks, block_size, Hkv, D]), laid out in memory as this backend
@@ -42,6 +49,7 @@ class AttentionBackend(ABC):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         kv_written: bool = False,
+        rope: RopeInputs | None = None,
     ) -> torch.Tensor:
         """Paged attention over one packed batch.
 
@@ -54,4 +62,6 @@ class AttentionBackend(ABC):
         logits_soft_cap: scores become cap * tanh(scores / cap) before the softmax (Gemma 2).
         k_scale, v_scale: an fp8 (e4m3) cache holds K / k_scale and V / v_scale.
         kv_written: k and v are in the cache already (backends with caller_writes_kv only).
+        rope: q and k are still to be rotated (and each head RMS-normalized first where rope has norm weights),
+        as the rotary kernel would; at decode steps of backends with rotates_at_decode only.
         """

@@ -21,6 +21,7 @@ import torch
 from wick.kernels.kv_cache_write import kv_cache_write
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
+from wick.layers.rotary import RopeInputs
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 
@@ -91,7 +92,10 @@ class FlashInferAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         kv_written: bool = False,
+        rope: RopeInputs | None = None,
     ) -> torch.Tensor:
+        if rope is not None:
+            raise ValueError("the flashinfer backend takes q and k rotated (its rotates_at_decode is False)")
         key = (sliding_window, logits_soft_cap)
         variant = self._variants.get(key)
         if variant is None:

@@ -7,6 +7,8 @@ from torch import nn
 
 from wick.kernels.kv_cache_write import KVCacheTarget
 from wick.layers.attention.metadata import get_forward_context
+from wick.layers.norm import RMSNorm
+from wick.layers.rotary import RopeInputs, RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -50,7 +52,21 @@ class Attention(nn.Module):
         return KVCacheTarget(self.k_cache, self.v_cache, context.attn_metadata.slot_mapping, self.k_scale,
                              self.v_scale)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_written: bool = False) -> torch.Tensor:
+    def rotate_and_attend(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          rotary: RotaryEmbedding, norms: tuple[RMSNorm, RMSNorm] | None = None) -> torch.Tensor:
+        """forward() over q and k rotated by `rotary` (q's and k's heads RMS-normalized by `norms` first). At a decode
+        step of a backend that rotates them itself (rotates_at_decode), no rotary kernel runs: its kernel does."""
+        context = get_forward_context()
+        if context.backend.rotates_at_decode and context.attn_metadata.max_query_len == 1:
+            rope = rotary.kernel_inputs(q, norms)
+            if rope is not None:
+                return self.forward(q, k, v, rope=rope)
+        cache = self.cache_target()
+        q, k = rotary(positions, q, k, norms, v, cache)
+        return self.forward(q, k, v, kv_written=cache is not None)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_written: bool = False,
+                rope: RopeInputs | None = None) -> torch.Tensor:
         context = get_forward_context()
         out = context.backend.forward(
             q.view(-1, self.num_heads, self.head_dim),
@@ -65,5 +81,6 @@ class Attention(nn.Module):
             k_scale=self.k_scale,
             v_scale=self.v_scale,
             kv_written=kv_written,
+            rope=rope,
         )
         return out.view(-1, self.num_heads * self.head_dim)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from wick.kernels.kv_cache_write import as_storable, to_cache, write_pages
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
+from wick.layers.rotary import RopeInputs
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -43,9 +44,12 @@ class TorchAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         kv_written: bool = False,
+        rope: RopeInputs | None = None,
     ) -> torch.Tensor:
         if kv_written:
             raise ValueError("the torch backend writes the cache itself (its caller_writes_kv is False)")
+        if rope is not None:
+            raise ValueError("the torch backend takes q and k rotated (its rotates_at_decode is False)")
         _, block_size, num_kv_heads, head_dim = k_cache.shape
         tokens, slots = metadata.written
         written_k, written_v = (k, v) if tokens is None else (k.index_select(0, tokens), v.index_select(0, tokens))

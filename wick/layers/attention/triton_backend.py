@@ -1,5 +1,5 @@
 """Paged attention with our Triton kernels: one kernel writes K/V into the pages (unless the layer has, in its
-rotary kernel), one attends."""
+rotary kernel), one attends. At a decode step the attention kernel also rotates q and k and writes K/V itself."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ from wick.kernels.kv_cache_write import kv_cache_write
 from wick.kernels.paged_attention import paged_attention
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
+from wick.layers.rotary import RopeInputs
 
 
 class TritonAttentionBackend(AttentionBackend):
     # the kernels' grids depend only on the token count, the request count, max_query_len and max_seq_len
     supports_cuda_graph = True
     caller_writes_kv = True
+    rotates_at_decode = True
 
     def forward(
         self,
@@ -30,13 +32,15 @@ class TritonAttentionBackend(AttentionBackend):
         k_scale: float = 1.0,
         v_scale: float = 1.0,
         kv_written: bool = False,
+        rope: RopeInputs | None = None,
     ) -> torch.Tensor:
-        if not kv_written:
+        if not kv_written and rope is None:
             kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         out = paged_attention(q, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_tables, scale, metadata.max_query_len, metadata.max_seq_len,
                               sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                              k_scale=k_scale, v_scale=v_scale)
+                              k_scale=k_scale, v_scale=v_scale, rope=rope,
+                              new_kv=None if rope is None else (k, v, metadata.slot_mapping))
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         if num_request_tokens < q.shape[0]:
             out[num_request_tokens:].zero_()  # tokens of no request, left unwritten by the kernel
