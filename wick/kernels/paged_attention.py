@@ -165,20 +165,14 @@ def _paged_attention_kernel(
     k_ptr = k_cache_ptr + kv_head * stride_kh
     v_ptr = v_cache_ptr + kv_head * stride_vh
     if ROPE:
-        # the new token (position `context`) is among this split's keys: its k and v go into the cache first (all
-        # loads issued at once, the writes masked rather than branched on)
-        new_pos = context + tl.zeros([1, 1], dtype=tl.int32)
-        mine = (lo <= new_pos) & (new_pos < hi)
         slot = tl.load(slot_mapping_ptr + q_start).to(tl.int64)
-        new_k = rotated_rows(new_k_ptr + q_start.to(tl.int64) * stride_nkt + kv_head * stride_nkh, dims, mine, new_pos,
-                             cos_sin_ptr, stride_cos_sin, k_norm_ptr, norm_eps, HEAD_DIM, QK_NORM)
-        new_v = tl.load(new_v_ptr + q_start.to(tl.int64) * stride_nvt + kv_head * stride_nvh + dims[None, :],
-                        mask=mine)
-        write = mine & (slot + tl.zeros([1, HEAD_DIM], dtype=tl.int64) >= 0)
-        tl.store(k_ptr + slot * stride_ks + dims[None, :], to_cache_values(new_k, k_ptr, k_inv_scale, FP8_CACHE),
-                 mask=write)
-        tl.store(v_ptr + slot * stride_vs + dims[None, :], to_cache_values(new_v, v_ptr, v_inv_scale, FP8_CACHE),
-                 mask=write)
+        if (slot >= 0) & (lo <= context) & (context < hi):  # the new token (position `context`) is this split's
+            new_k = rotated_rows(new_k_ptr + q_start.to(tl.int64) * stride_nkt + kv_head * stride_nkh, dims, True,
+                                 context + tl.zeros([1, 1], dtype=tl.int32), cos_sin_ptr, stride_cos_sin, k_norm_ptr,
+                                 norm_eps, HEAD_DIM, QK_NORM)
+            tl.store(k_ptr + slot * stride_ks + dims[None, :], to_cache_values(new_k, k_ptr, k_inv_scale, FP8_CACHE))
+            new_v = tl.load(new_v_ptr + q_start.to(tl.int64) * stride_nvt + kv_head * stride_nvh + dims)
+            tl.store(v_ptr + slot * stride_vs + dims, to_cache_values(new_v, v_ptr, v_inv_scale, FP8_CACHE))
         tl.debug_barrier()  # the stores are seen by the program's own loads of the page
     table_ptr = block_tables_ptr + req.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
