@@ -144,8 +144,9 @@ def check_rotating(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_
                    cache_dtype: torch.dtype | None = None, norms: bool = False, num_splits: int | None = None,
                    sliding_window: int | None = None, device: str = DEVICE) -> None:
     """A decode step whose q and k come unrotated (views of one QKV row, as the projection leaves them): the kernel
-    rotating them and writing the new K/V itself against the rotary kernel writing the cache, then the kernel. The
-    last token belongs to no request (slot -1): its cache slot stays as it was. Same caches, same attention."""
+    rotating them and writing the new K/V itself against the rotary kernel writing the cache, then the kernel. A
+    request of one token has slot -1, as a CUDA graph's padding rows (nothing is written for it); the last token
+    belongs to no request. Same caches, same attention."""
     batch = make_batch(seq_lens, [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, 16, dtype, pad_tokens=1,
                        device=device)
     k_cache, v_cache = batch.k_cache, batch.v_cache
@@ -157,7 +158,7 @@ def check_rotating(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_
     positions = torch.tensor([*seq_lens, 1], device=device) - 1
     tables = batch.block_tables.long()
     slots = tables[torch.arange(len(seq_lens), device=device), positions[:-1] // 16] * 16 + positions[:-1] % 16
-    slots = torch.cat([slots, slots.new_full((1,), -1)])
+    slots = torch.cat([slots.masked_fill(batch.seq_lens == 1, -1), slots.new_full((1,), -1)])
     cos_sin = get_rope(head_dim, max(seq_lens), 10000.0).to(device).cos_sin_cache
     weights = tuple(torch.rand(head_dim, dtype=dtype, device=device) + 0.5 for _ in range(2)) if norms else None
     scale = head_dim**-0.5
@@ -175,8 +176,8 @@ def check_rotating(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_
     written = slots[slots >= 0]
     new_v, expected_v = (cache.flatten(0, 1)[written] for cache in (v_cache, caches[1]))
     assert torch.equal(new_v.view(torch.uint8), expected_v.view(torch.uint8))  # v as it came
-    # the rotated k: the norm's sum of squares over a whole head (not by halves) may tip a rounding, in a few elements
-    # by one step of the formats at the head's magnitude (a few in 100,000 where the sum's last bit moves)
+    # the rotated k: the norm's sum of squares over a whole head (not by halves) and the attention kernel's fp
+    # contraction may tip a rounding, in a few elements, by one step of the formats at the head's magnitude
     new_k, expected_k = (cache.flatten(0, 1)[written].float() for cache in (k_cache, caches[0]))
     step = max(torch.finfo(dtype).eps, torch.finfo(k_cache.dtype).eps)
     torch.testing.assert_close(new_k, expected_k, atol=2 * step * expected_k.abs().max().item(), rtol=0)
@@ -194,17 +195,19 @@ def test_decode_rotating_q_and_k(dtype: torch.dtype, norms: bool, num_splits: in
 
 
 def test_decode_rotating_into_fp8_pages_past_a_window() -> None:
-    check_rotating([5, 40, 70], 6, 2, 16, torch.float16, cache_dtype=torch.float8_e4m3fn, norms=True, num_splits=2,
+    # 300 keys: the window starts past the first key tiles, and the split holding the new token starts past key 0
+    check_rotating([5, 40, 300], 6, 2, 16, torch.float16, cache_dtype=torch.float8_e4m3fn, norms=True, num_splits=2,
                    sliding_window=8)
 
 
-def test_rotating_needs_a_decode_step() -> None:
+def test_rotating_needs_a_decode_step_and_the_new_keys() -> None:
     batch = make_batch(*MIXED, 4, 2, 16, 4, torch.float32)
     k = torch.zeros(batch.q.shape[0], 2, 16)
-    cos_sin = get_rope(16, 128, 10000.0).cos_sin_cache
+    rope = RopeInputs(get_rope(16, 128, 10000.0).cos_sin_cache, None, 1e-6)
     with pytest.raises(ValueError, match="decode steps only"):
-        paged_attention(*batch, 0.25, max(MIXED[1]), max(MIXED[0]), rope=RopeInputs(cos_sin, None, 1e-6),
-                        new_kv=(k, k, k[:, 0, 0].long()))
+        paged_attention(*batch, 0.25, max(MIXED[1]), max(MIXED[0]), rope=rope, new_kv=(k, k, k[:, 0, 0].long()))
+    with pytest.raises(ValueError, match="come together"):
+        paged_attention(*batch, 0.25, 1, max(MIXED[0]), rope=rope)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +13,9 @@ from wick.layers.attention import selector
 from wick.layers.attention.metadata import AttentionMetadata
 from wick.layers.attention.selector import get_attention_backend
 from wick.layers.attention.torch_backend import TorchAttentionBackend
+from wick.layers.rotary import RopeInputs, get_rope
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
 # Without CUDA the kernels run in Triton's interpreter, which must be on when they are defined and run.
 INTERPRET = not torch.cuda.is_available()
@@ -97,6 +102,47 @@ def test_selector(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(selector._BACKENDS, "flashinfer", raising=False)
     assert isinstance(get_attention_backend(None, torch.device("cuda")), TritonAttentionBackend)
     assert TritonAttentionBackend.supports_cuda_graph
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter runs the kernels on CPU tensors")
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "mistral_window"])
+def test_models_decode_rotating_in_the_attention(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sequences, float32 on the CPU, with the rotary kernel standing in for CUDA's (Triton's interpreter, as the
+    attention): the decode steps launch no rotary kernel, their attention rotates q and k (q/k norms first: Qwen3)
+    and writes the cache, and the tokens and logits are those of the torch backend."""
+    from hf_configs import build_pair, hf_configs
+    from paged_generate import PagedRunner
+
+    import wick.kernels.rotary as rotary_kernels
+    from wick.layers import rotary
+
+    config = hf_configs()[name]
+    _, ours = build_pair(config)
+    prompts = [[5, 17, 42, 9, 77, 3, 8, 11, 2], [3, 8]]  # the first runs past mistral_window's 8 keys
+    expected = PagedRunner(ours).generate(prompts, 3)
+    rotations = []
+    kernel = rotary_kernels.rotary_embedding
+
+    def counted(*args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        rotations.append(args[0].shape[0])
+        return kernel(*args, **kwargs)
+
+    monkeypatch.setattr(rotary, "runs_rotary_kernel", lambda q: True)
+    monkeypatch.setattr(rotary_kernels, "rotary_embedding", counted)
+    got = PagedRunner(ours, backend=TritonAttentionBackend()).generate(prompts, 3)
+    assert rotations == [sum(map(len, prompts))] * config.num_hidden_layers  # the prefill's, none at decode
+    for (tokens, logits), (expected_tokens, expected_logits) in zip(got, expected, strict=True):
+        assert tokens == expected_tokens
+        torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
+
+
+def test_rope_and_kv_written_exclude_each_other() -> None:
+    metadata = metadata_for([3], [1], [[1]], 4, 0, "cpu")
+    q, k = torch.zeros(1, 2, 16), torch.zeros(1, 1, 16)
+    caches = torch.zeros(2, 2, 4, 1, 16)
+    rope = RopeInputs(get_rope(16, 8, 10000.0).cos_sin_cache, None, 1e-6)
+    with pytest.raises(ValueError, match="cannot be in the cache already"):
+        TritonAttentionBackend().forward(q, k, k, *caches, metadata, 0.25, kv_written=True, rope=rope)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -350,7 +350,7 @@ def paged_attention(
 
 def _rope_args(rope: RopeInputs | None, new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
                q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, max_query_len: int, k_scale: float,
-               v_scale: float) -> tuple:
+               v_scale: float) -> tuple[torch.Tensor | float | int, ...]:
     """The kernel's arguments new_k_ptr .. stride_cos_sin: rope's and new_kv's, or placeholders it does not read."""
     if (rope is None) != (new_kv is None):
         raise ValueError("rope and new_kv come together")

@@ -58,8 +58,10 @@ def _rotate_heads(
 def rotated_rows(row_ptrs, dims, mask, positions, cos_sin_ptr, stride_cache, weight_ptr, eps,
                  HEAD_DIM: tl.constexpr, NORM: tl.constexpr):
     """Heads at row_ptrs [R, 1] + dims [HEAD_DIM] (mask [R, 1]) rotated at positions [R, 1], each RMS-normalized by
-    weight first where NORM, in their dtype: _rotate_heads' roundings over a whole head at once, as x * [cos, cos] +
-    x rolled by half a head * [-sin, sin] (for a kernel that rotates the heads it reads, paged attention at decode)."""
+    weight first where NORM, in their dtype, for a kernel that rotates the heads it reads (paged attention at decode):
+    _rotate_heads' steps and roundings over a whole head at once, as x * [cos, cos] + x rolled by half a head *
+    [-sin, sin]. The sum of squares runs over the whole head, and the attention kernel is compiled with fp contraction
+    (the rotary kernel without), which fuses products into sums: the two may round a last bit apart."""
     HALF: tl.constexpr = HEAD_DIM // 2
     rolled = (dims + HALF) % HEAD_DIM
     x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0)

@@ -99,6 +99,11 @@ class RopeInputs(NamedTuple):
     eps: float
 
 
+def runs_rotary_kernel(q: torch.Tensor) -> bool:
+    """Whether q's device runs the Triton rotary kernel (and kernels that rotate as it does): CUDA."""
+    return q.is_cuda
+
+
 class RotaryEmbedding(nn.Module):
     """cos_sin_cache [max_position, rotary_dim]: cos of the rotary_dim / 2 frequencies, then sin."""
 
@@ -126,7 +131,7 @@ class RotaryEmbedding(nn.Module):
 
     def kernel_inputs(self, q: torch.Tensor, norms: tuple[RMSNorm, RMSNorm] | None = None) -> RopeInputs | None:
         """What the rotary kernel reads beside q and k where it rotates q (and applies `norms` itself), else None."""
-        if not (q.is_cuda and self.is_neox and self.rotary_dim == self.head_size):
+        if not (runs_rotary_kernel(q) and self.is_neox and self.rotary_dim == self.head_size):
             return None
         if norms is None:
             return RopeInputs(self.cos_sin_cache, None, 1e-6)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import flashinfer
 import numpy as np
@@ -21,7 +22,9 @@ import torch
 from wick.kernels.kv_cache_write import kv_cache_write
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
-from wick.layers.rotary import RopeInputs
+
+if TYPE_CHECKING:
+    from wick.layers.rotary import RopeInputs
 
 WORKSPACE_BYTES = 128 * 1024 * 1024
 

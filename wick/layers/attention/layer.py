@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from wick.kernels.kv_cache_write import KVCacheTarget
 from wick.layers.attention.metadata import get_forward_context
-from wick.layers.norm import RMSNorm
-from wick.layers.rotary import RopeInputs, RotaryEmbedding
+
+if TYPE_CHECKING:
+    from wick.layers.norm import RMSNorm
+    from wick.layers.rotary import RopeInputs, RotaryEmbedding
 
 
 class Attention(nn.Module):

@@ -15,13 +15,17 @@ block_size, D] permuted): each head's keys in consecutive pages are one contiguo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from wick.kernels.kv_cache_write import as_storable, to_cache, write_pages
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
-from wick.layers.rotary import RopeInputs
+
+if TYPE_CHECKING:
+    from wick.layers.rotary import RopeInputs
 
 
 class TorchAttentionBackend(AttentionBackend):

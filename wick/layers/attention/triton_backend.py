@@ -3,13 +3,17 @@ rotary kernel), one attends. At a decode step the attention kernel also rotates 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write
 from wick.kernels.paged_attention import paged_attention
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
-from wick.layers.rotary import RopeInputs
+
+if TYPE_CHECKING:
+    from wick.layers.rotary import RopeInputs
 
 
 class TritonAttentionBackend(AttentionBackend):
@@ -34,6 +38,8 @@ class TritonAttentionBackend(AttentionBackend):
         kv_written: bool = False,
         rope: RopeInputs | None = None,
     ) -> torch.Tensor:
+        if kv_written and rope is not None:
+            raise ValueError("with rope the attention kernel writes k and v: they cannot be in the cache already")
         if not kv_written and rope is None:
             kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
         out = paged_attention(q, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
