@@ -18,6 +18,7 @@ import triton.language as tl
 
 from wick.kernels.kv_cache_write import FP8_DTYPES, KVCacheTarget, to_cache_values
 from wick.kernels.pdl import pdl_options, pdl_prologue
+from wick.kernels.rms_norm import scale_row
 
 
 @triton.jit
@@ -65,14 +66,13 @@ def rotated_rows(row_ptrs, dims, mask, positions, cos_sin_ptr, stride_cache, wei
     HALF: tl.constexpr = HEAD_DIM // 2
     rolled = (dims + HALF) % HEAD_DIM
     x = tl.load(row_ptrs + dims[None, :], mask=mask, other=0.0)
+    x_rolled = tl.load(row_ptrs + rolled[None, :], mask=mask, other=0.0)
     dtype = x.dtype
-    xf = x.to(tl.float32)
-    xr = tl.load(row_ptrs + rolled[None, :], mask=mask, other=0.0).to(tl.float32)
+    xf, xr = x.to(tl.float32), x_rolled.to(tl.float32)
     if NORM:
         rstd = tl.rsqrt(tl.sum(xf * xf, axis=1, keep_dims=True) / HEAD_DIM + eps)
-        xf = ((xf * rstd).to(dtype).to(tl.float32) * tl.load(weight_ptr + dims).to(tl.float32)[None, :])
-        xr = ((xr * rstd).to(dtype).to(tl.float32) * tl.load(weight_ptr + rolled).to(tl.float32)[None, :])
-        xf, xr = xf.to(dtype).to(tl.float32), xr.to(dtype).to(tl.float32)
+        xf = scale_row(x, rstd, tl.load(weight_ptr + dims)[None, :]).to(dtype).to(tl.float32)
+        xr = scale_row(x_rolled, rstd, tl.load(weight_ptr + rolled)[None, :]).to(dtype).to(tl.float32)
     table = cos_sin_ptr + positions.to(tl.int64) * stride_cache + (dims % HALF)[None, :]
     cos = tl.load(table, mask=mask, other=0.0).to(dtype).to(tl.float32)
     sin = tl.load(table + HALF, mask=mask, other=0.0).to(dtype).to(tl.float32)
