@@ -6,7 +6,8 @@ For each token count: microseconds per call (CUDA graph), the expert FLOPs done 
 of the measured bf16 matmul peak (what matters for throughput), and the bytes of the experts actually hit
 per second and their share of the copy bandwidth (what matters for decode), for the path the layer picks; the
 tiles' and the GEMVs' (wick/kernels/expert_gemv.py, up to GEMV_MAX_PAIRS pairs) times beside it. `--sweep` times
-every tile shape of SWEEP at each token count and prints the best (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
+each GEMM alone at every tile shape of SWEEP, then at grid orders and tails, at each token count and prints the best
+of each BLOCK_M (the table MOE_CONFIGS in wick/kernels/fused_moe.py).
 `--rotate R`: each timed call is one of R calls in a row whose tokens route to R disjoint groups of experts, as a
 model's layers each read their own experts; with R = 1 the same experts are read at every call and partly stay in
 the L2 cache (50 MB on an H100, where one token's 8 experts of Qwen3-30B-A3B are 75 MB). `--layers L`: the
@@ -40,7 +41,8 @@ from triton.testing import do_bench, do_bench_cudagraph
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels import wna16_matmul
 from wick.kernels.expert_gemv import DOWN_CONFIG, GATE_UP_CONFIG, gemv_experts
-from wick.kernels.fused_moe import WeightScales, fused_experts, moe_config
+from wick.kernels.fused_moe import MoeConfig, MoeTile, WeightScales, fused_experts, moe_config, moe_gemm
+from wick.kernels.moe_align import moe_align
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import GEMV_MAX_PAIRS, fused_experts_float, fused_experts_ref
 from wick.layers.moe.gguf_experts import PackedExperts, fused_experts_gguf
@@ -50,11 +52,15 @@ from wick.layers.moe.wna16_experts import EXPERT_GEMV_MAX_PAIRS, Wna16Experts, f
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages): small row tiles for few pairs an expert, wgmma-sized ones for many.
 SWEEP = {
     "small": list(itertools.product([16], [32, 64, 128], [64, 128, 256, 512], [2, 4], [3, 4, 5])),
-    "large": list(itertools.product([64, 128], [64, 128], [64, 128], [4, 8], [3, 4])),
+    "large": list(itertools.product([64, 128], [64, 128, 256], [64], [4, 8], [3, 4])),
 }
 # (rows a program, columns a step, warps) of the float experts' GEMVs (--gemv-sweep); both GEMVs are timed together,
 # one swept while the other keeps its default.
 EXPERT_GEMV_SWEEP = list(itertools.product([1, 2, 4, 8], [256, 512, 1024, 2048], [2, 4, 8]))
+# The grid orders (row tiles a group; 0: a column at a time) and tails (rows a tile of mostly padding multiplies) tried
+# on each GEMM's best shape of each BLOCK_M.
+GROUPS = [0, 1, 4]
+TAILS = [0, 16, 32]
 # Tile shapes over 4- / 8-bit experts, whose B tiles are unpacked in registers at every step.
 WNA16_TILE_SWEEP = list(itertools.product([16, 64, 128], [64, 128], [64, 128], [4, 8], [3]))
 # (columns, input rows a step, warps, warps an SM that splitting K aims at) of the 4-bit expert GEMV (its steps are
@@ -105,16 +111,16 @@ def main() -> None:
                  [w13.group_scales for w13, _ in layers], [w2.group_scales for _, w2 in layers])
         print(f"{args.wna16}-bit experts, groups of 128:")
         gemv_sweep([t for t in args.tokens if t * k <= EXPERT_GEMV_MAX_PAIRS], layers, args)
-        sweep([t for t in args.tokens if t * k > EXPERT_GEMV_MAX_PAIRS], tiles, e, k, h, dtype, None, args.rotate,
-              packed=True)
+        sweep([t for t in args.tokens if t * k > EXPERT_GEMV_MAX_PAIRS], tiles, e, k, h, i, dtype, None, args.rotate,
+              "packed")
     elif args.sweep:
         if not args.fp8:
-            sweep(args.tokens, (w13, w2, None, None), e, k, h, dtype, args.json, args.rotate)
+            sweep(args.tokens, (w13, w2, None, None), e, k, h, i, dtype, args.json, args.rotate)
         else:
             kinds = (("128 x 128 scale blocks", ((128, 128), (128, 128))), ("a scale a row", ((1, h), (1, i))))
             for name, blocks in kinds:
                 print(f"fp8 experts, {name}:")
-                sweep(args.tokens, fp8_layers(w13, w2, *blocks), e, k, h, dtype, None, args.rotate)
+                sweep(args.tokens, fp8_layers(w13, w2, *blocks), e, k, h, i, dtype, None, args.rotate, "fp8")
     if args.gemv_sweep:
         expert_gemv_sweep(args.tokens, w13, w2, args)
     print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts; 'picked': the path the "
@@ -309,7 +315,7 @@ def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[t
 
 
 def time_ms(x: torch.Tensor, layers: tuple, routes: list[tuple[torch.Tensor, torch.Tensor]],
-            config: tuple[int, int, int, int, int] | None) -> float:
+            config: MoeConfig | None) -> float:
     """Milliseconds a call, in a CUDA graph of one call per routing; layers (w13, w2 [layers, ...], and the scales of
     each layer or None): call r reads layer r % layers."""
     w13, w2, s13, s2 = layers
@@ -365,26 +371,60 @@ def graph_ms(fn: Callable[[], None]) -> float:
     return do_bench_cudagraph(fn)
 
 
-def sweep(token_counts: list[int], layers: tuple, experts: int, top_k: int, hidden: int, dtype: torch.dtype,
-          json_path: str | None, groups: int, packed: bool = False) -> None:
-    """Every config of SWEEP (WNA16_TILE_SWEEP over 4- or 8-bit experts, `packed`) at every token count: the
-    default's and the best's microseconds."""
+def sweep(token_counts: list[int], layers: tuple, experts: int, top_k: int, hidden: int, intermediate: int,
+          dtype: torch.dtype, json_path: str | None, groups: int, kind: str = "float") -> None:
+    """Each GEMM alone, the gate/up one and the down one, over the pairs sorted for its BLOCK_M: every tile shape of
+    SWEEP (WNA16_TILE_SWEEP over 4- or 8-bit experts, kind "packed"), then the best shape of each BLOCK_M at every grid
+    order of GROUPS and tail of TAILS; the default's and the best's microseconds at every token count."""
+    w13, w2, s13, s2 = layers
     results = {}
     for tokens in token_counts:
         x = torch.randn(tokens, hidden, dtype=dtype, device="cuda")
-        routes = routings(tokens, experts, top_k, groups)
-        timings = {}
-        default = moe_config(tokens * top_k, dtype, packed)
-        candidates = WNA16_TILE_SWEEP if packed else SWEEP["small" if tokens * top_k <= 512 else "large"]
-        for config in [*candidates, default]:
-            try:
-                timings[str(config)] = time_ms(x, layers, routes, config) * 1e3
-            except Exception as error:  # a tile too large for the shared memory
-                print(f"{tokens} tokens {config}: {type(error).__name__}")
-        default = str(default)
-        best = min(timings, key=timings.get)
-        print(f"sweep {tokens} tokens: default {default} {timings[default]:.1f} us, best {best} {timings[best]:.1f} us")
-        results[tokens] = {"default": default, "best": best, "timings": timings}
+        routes = [(weights.float().contiguous(), ids) for weights, ids in routings(tokens, experts, top_k, groups)]
+        pairs = tokens * top_k
+        mid = torch.randn(pairs, intermediate, dtype=dtype, device="cuda")
+        out = torch.empty(pairs, hidden, dtype=dtype, device="cuda")
+        layouts: dict[int, list] = {}
+
+        def gemm_us(gated: bool, tile: MoeTile, routes: list = routes, x: torch.Tensor = x, mid: torch.Tensor = mid,
+                    out: torch.Tensor = out, pairs: int = pairs, layouts: dict = layouts) -> float:
+            layout = layouts.setdefault(tile.block_m, [moe_align(ids, experts, tile.block_m) for _, ids in routes])
+
+            def run() -> None:
+                for r, (weights, _) in enumerate(routes):
+                    layer = r % len(w13)
+                    if gated:
+                        moe_gemm(x, w13[layer], s13 and s13[layer], mid, weights, layout[r], pairs, top_k, True, False,
+                                 tile)
+                    else:
+                        moe_gemm(mid, w2[layer], s2 and s2[layer], out, weights, layout[r], pairs, 1, False, False,
+                                 tile)
+
+            run()
+            return graph_ms(run) / len(routes) * 1e3
+
+        results[tokens] = {}
+        shapes = WNA16_TILE_SWEEP if kind == "packed" else SWEEP["small" if pairs <= 512 else "large"]
+        for gemm, default in zip(("gate/up", "down"), moe_config(pairs, dtype, kind), strict=True):
+            timings = {}
+            for tile in [default, *(MoeTile(*shape) for shape in shapes)]:
+                try:
+                    timings[tile] = gemm_us(gemm == "gate/up", tile)
+                except Exception as error:  # a tile too large for the shared memory
+                    print(f"{tokens} tokens, {gemm} {tuple(tile)}: {type(error).__name__}")
+            for block_m in {tile.block_m for tile in timings}:
+                shape = min((tile for tile in timings if tile.block_m == block_m), key=timings.get)
+                for group_m, tail_m in itertools.product(GROUPS, TAILS):
+                    tile = shape._replace(group_m=group_m, tail_m=tail_m if tail_m < block_m else 0)
+                    if tile not in timings:
+                        timings[tile] = gemm_us(gemm == "gate/up", tile)
+                best = min((tile for tile in timings if tile.block_m == block_m), key=timings.get)
+                print(f"sweep {tokens} tokens, {gemm}, BLOCK_M {block_m}: best {tuple(best)} {timings[best]:.1f} us")
+            best = min(timings, key=timings.get)
+            print(f"sweep {tokens} tokens, {gemm}: default {tuple(default)} {timings[default]:.1f} us, best "
+                  f"{tuple(best)} {timings[best]:.1f} us")
+            results[tokens][gemm] = {"default": list(default), "best": list(best),
+                                     "timings": [[*tile, us] for tile, us in timings.items()]}
     if json_path:
         with open(json_path, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,6 +1,6 @@
 """The fused MoE kernel against the torch reference: decode and prefill sizes, experts left without tokens,
 sizes that are not multiples of the tiles, fp8 experts with each kind of scales, 4- and 8-bit experts with group
-scales and zero points (GPTQ/AWQ); moe_align's layout; each token's top-k rows summed (weighted)."""
+scales and zero points (GPTQ/AWQ); each token's top-k rows summed (weighted)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wick.kernels import fused_moe
-from wick.kernels.fused_moe import fused_experts, moe_align, sum_pairs
+from wick.kernels.fused_moe import MoeTile, fused_experts, sum_pairs
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.kernels.wna16_matmul import EXPERT_GEMV_CONFIG, pack_rows, takes_int8_activations
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
@@ -47,6 +47,17 @@ def test_direct_and_sorted_tiles_match_reference(monkeypatch: pytest.MonkeyPatch
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(("group_m", "tail_m"), [(0, 0), (1, 16), (3, 16), (4, 0)])
+def test_grid_orders_and_tails_match_reference(group_m: int, tail_m: int) -> None:
+    """Row tiles of 32 taken a column at a time or in groups of 1, 3 or 4 (the last group short), and tiles holding no
+    more than 16 pairs multiplying 16 rows: 150 tokens over 8 experts, top 2, give the experts 29 to 44 pairs, so one
+    tile of 29 and second tiles of 1 to 12."""
+    case = make_case(150, 8, 2, hidden=32, inter=48, dtype=torch.float32)
+    gate_up, down = MoeTile(32, 32, 32, 4, 1, group_m, tail_m), MoeTile(32, 16, 32, 4, 1, group_m, tail_m)
+    torch.testing.assert_close(fused_experts(*case, config=(gate_up, down)), fused_experts_ref(*case), atol=1e-4,
+                               rtol=1e-4)
+
+
 def test_experts_without_tokens() -> None:
     case = make_case(20, 16, 2, hidden=32, inter=16, dtype=torch.float32, used_experts=3)
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
@@ -55,20 +66,6 @@ def test_experts_without_tokens() -> None:
 def test_fp16() -> None:
     case = make_case(24, 8, 2, hidden=64, inter=32, dtype=torch.float16)
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-2, rtol=1e-2)
-
-
-def test_moe_align_layout() -> None:
-    ids = torch.tensor([[0, 3], [3, 1], [3, 0], [2, 3]])
-    sorted_ids, block_expert, num_padded = moe_align(ids, num_experts=5, block_m=2)
-    num_pairs = ids.numel()
-    rows = num_padded.item()
-    assert rows == 2 + 2 + 2 + 4  # experts 0, 1, 2 padded to 2 rows; expert 3 has 4
-    pairs = sorted_ids[:rows]
-    assert sorted(pairs[pairs < num_pairs].tolist()) == list(range(num_pairs))
-    flat = ids.flatten()
-    for block in range(rows // 2):
-        members = [p for p in sorted_ids[2 * block: 2 * block + 2].tolist() if p < num_pairs]
-        assert members and all(flat[p] == block_expert[block] for p in members)
 
 
 def to_fp8(w: torch.Tensor, block: tuple[int, int], dtype: torch.dtype) -> Fp8Experts:

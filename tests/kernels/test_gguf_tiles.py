@@ -10,10 +10,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from wick.kernels.fused_moe import moe_align
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
 from wick.kernels.gguf_decode import TRITON_TYPES
 from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul
+from wick.kernels.moe_align import moe_align
 from wick.loader.gguf_dequant import dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))

@@ -1,7 +1,8 @@
-"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k), RMSNorm and the sampler's
-draw compiled for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of
-running them) does not check, such as the shapes a compiled kernel must keep and where it waits for the kernel before
-it. The compiler runs in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
+"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k), RMSNorm, the sampler's
+draw, the fused MoE GEMM and moe_align's kernels compiled for an H100 (sm_90) by Triton's own compiler, on any
+machine: what the interpreter (the CPU tests' way of running them) does not check, such as the shapes a compiled
+kernel must keep and where it waits for the kernel before it. The compiler runs in a child process, since this
+folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,22 @@ VARIANTS = {
         {"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "seeds_ptr": "*i64", "steps_ptr": "*i64",
          "part_score_ptr": "*fp32", "part_token_ptr": "*i32", "greedy_below": "fp32"},
         {"BLOCK": 1024}),
+    **{f"fused moe gemm, {name}": (
+        "wick.kernels.fused_moe:_moe_gemm_kernel",
+        {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ids_ptr": "*i32",
+         "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"},
+        {"A_ROW_DIV": 8, "GATED": gated, "MUL_WEIGHT": not gated, "DIRECT": False, "SCALING": "none", "SCALE_N": 1,
+         "SCALE_K": 1, "BITS": 0, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": group, "TAIL_M": tail,
+         "DOT_PRECISION": "tf32"})
+       for name, gated, group, tail in (("gated, tail", True, 1, 32), ("down, no tail", False, 0, 0))},
+    **{f"moe align {kernel}": (
+        f"wick.kernels.moe_align:{kernel}",
+        {arg: "*i32" for arg in ("ids_ptr", "counts_ptr", "rank_ptr", "offsets_ptr", "starts_ptr", "block_expert_ptr",
+                                 "num_padded_ptr", "sorted_ids_ptr")},
+        {"E": 128, **extra})
+       for kernel, extra in (("_count_chunks_kernel", {"E_PAD": 128, "CHUNK": 64}),
+                             ("_place_pairs_kernel", {"CHUNK": 64}),
+                             ("_expert_offsets_kernel", {"E_PAD": 128, "ROWS": 64, "BLOCK_M": 128}))},
 }
 
 CHILD = """

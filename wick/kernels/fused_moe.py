@@ -2,7 +2,7 @@
 
 The (token, expert) pairs are sorted by expert and each expert's run is padded to BLOCK_M rows, so a
 program's tile of rows belongs to one expert and reads that expert's weights once for all of them
-(moe_align, in torch on the device, no host sync). The first GEMM computes a tile's gate and up
+(moe_align, on the device, no host sync). The first GEMM computes a tile's gate and up
 columns together from w13 and writes silu(gate) * up; the second multiplies by w2 and by the routing
 weight. The top-k partial outputs of each token are then summed by a third kernel (torch's sum over the
 middle dim took 4.6 us at one token on an H100). Accumulation is in fp32.
@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from wick.kernels.moe_align import moe_align
 from wick.kernels.wna16_matmul import load_unpacked
 
 # The float32 scales of fp8 experts [E, N, K]: (scale [E, ceil(N / block[0]), ceil(K / block[1])], block), each over a
@@ -66,42 +67,20 @@ def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base
     return b, scale
 
 
-@triton.jit(do_not_specialize=["num_pairs"])
-def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr, z_ptr,
-    N, K, num_pairs,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_se, stride_sn, stride_sk,
-    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, DIRECT: tl.constexpr,
-    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):
-    """C[pair, n] = (A[pair // A_ROW_DIV] @ B[expert].T)[n]: GATED reads columns n and N + n of B (gate and
-    up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
-    holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted). SCALING "row" or
-    "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
-    BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32
-    with scales s and zero points z [E, ceil(K / SCALE_K), N] (SCALE_N 1, z strided as s), the strides of B's N and
-    K those of its columns and words."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    if DIRECT:
-        pairs = pid_m + tl.zeros([BLOCK_M], dtype=tl.int64)
-        valid = tl.arange(0, BLOCK_M) == 0
-    else:
-        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-            return
-        pairs = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-        valid = pairs < num_pairs
-    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+@triton.jit
+def _pairs_tile(a_ptr, b_base, c_ptr, weights_ptr, s_base, z_base, pairs, valid, pid_n, N, K,
+                stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn, stride_sn, stride_sk,
+                A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALING: tl.constexpr,
+                SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The output tile of the pairs `pairs` (valid where `valid`), all of one expert (B at b_base), and the columns
+    of column tile pid_n."""
     a_rows = pairs // A_ROW_DIV
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
-    b_base = b_ptr + expert * stride_be
-    s_base = s_ptr + expert * stride_se
-    z_base = z_ptr + expert * stride_se
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([pairs.shape[0], BLOCK_N], dtype=tl.float32)
     if GATED:
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        acc_up = tl.zeros([pairs.shape[0], BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
@@ -133,6 +112,61 @@ def _moe_gemm_kernel(
              mask=valid[:, None] & col_ok[None, :])
 
 
+@triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr, z_ptr,
+    N, K, num_pairs, num_tiles_m,
+    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_se, stride_sn, stride_sk,
+    A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, DIRECT: tl.constexpr,
+    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    TAIL_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """C[pair, n] = (A[pair // A_ROW_DIV] @ B[expert].T)[n]: GATED reads columns n and N + n of B (gate and
+    up) and stores silu(gate) * up; MUL_WEIGHT multiplies by the pair's routing weight. DIRECT: tile i
+    holds pair i alone, its expert read from block_expert_ptr[i] (the top-k ids; nothing sorted). SCALING "row" or
+    "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
+    BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32
+    with scales s and zero points z [E, ceil(K / SCALE_K), N] (SCALE_N 1, z strided as s), the strides of B's N and
+    K those of its columns and words. The grid is one-dimensional over num_tiles_m x cdiv(N, BLOCK_N) tiles, taken
+    GROUP_M row tiles at a time, every column tile of a group's rows before the next group (GROUP_M 0: every row
+    tile of a column before the next column). TAIL_M (0: none): a row tile with no more than TAIL_M pairs (the last of
+    an expert's run, mostly padding) multiplies only its first TAIL_M rows."""
+    pid = tl.program_id(0)
+    if GROUP_M == 0:
+        pid_m = pid % num_tiles_m
+        pid_n = pid // num_tiles_m
+    else:
+        tiles_n = tl.cdiv(N, BLOCK_N)
+        first_m = pid // (GROUP_M * tiles_n) * GROUP_M
+        group_m = min(num_tiles_m - first_m, GROUP_M)
+        in_group = pid % (GROUP_M * tiles_n)
+        pid_m = first_m + in_group % group_m
+        pid_n = in_group // group_m
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    b_base = b_ptr + expert * stride_be
+    s_base = s_ptr + expert * stride_se
+    z_base = z_ptr + expert * stride_se
+    args = (a_ptr, b_base, c_ptr, weights_ptr, s_base, z_base)
+    strides = (stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn, stride_sn, stride_sk)
+    if DIRECT:
+        pairs = pid_m + tl.zeros([BLOCK_M], dtype=tl.int64)
+        _pairs_tile(*args, pairs, tl.arange(0, BLOCK_M) == 0, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
+                    SCALING, SCALE_N, SCALE_K, BITS, BLOCK_N, BLOCK_K, DOT_PRECISION)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        first = sorted_ids_ptr + pid_m * BLOCK_M
+        if TAIL_M > 0 and tl.load(first + TAIL_M) >= num_pairs:  # a tile's pairs come before its padding
+            tail = tl.load(first + tl.arange(0, TAIL_M)).to(tl.int64)
+            _pairs_tile(*args, tail, tail < num_pairs, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
+                        SCALING, SCALE_N, SCALE_K, BITS, BLOCK_N, BLOCK_K, DOT_PRECISION)
+        else:
+            pairs = tl.load(first + tl.arange(0, BLOCK_M)).to(tl.int64)
+            _pairs_tile(*args, pairs, pairs < num_pairs, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
+                        SCALING, SCALE_N, SCALE_K, BITS, BLOCK_N, BLOCK_K, DOT_PRECISION)
+
+
 @triton.jit
 def _sum_pairs_kernel(partial_ptr, weights_ptr, out_ptr, N, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
                       BLOCK_N: tl.constexpr, WEIGHTED: tl.constexpr):
@@ -162,39 +196,42 @@ def sum_pairs(partial: torch.Tensor, top_k: int, weights: torch.Tensor | None = 
     return summed
 
 
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """topk_ids [T, k] -> (sorted_ids, block_expert, num_padded).
+class MoeTile(NamedTuple):
+    """One GEMM's tiles: BLOCK_M x BLOCK_N outputs over BLOCK_K steps, its warps and pipeline stages, the row tiles a
+    group of the grid takes (0: one column at a time), and the rows a tile of mostly padding multiplies (0: all)."""
 
-    sorted_ids [max_blocks * block_m] int32: the pair indices (t * k + j) grouped by expert, each expert's
-    run padded to a multiple of block_m with T * k; block_expert [max_blocks] int32: the expert of each
-    tile of block_m rows; num_padded [1] int32: the rows in use (tiles past it are not).
-    """
-    flat = topk_ids.flatten().to(torch.int64)
-    num_pairs = flat.numel()
-    max_blocks = num_pairs // block_m + min(num_pairs, num_experts)
-    # not bincount: on CUDA it syncs with the host, which a CUDA graph capture cannot
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat,
-                                                                                        torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = padded.cumsum(0)
-    order = flat.argsort(stable=True)
-    sorted_experts = flat[order]
-    rank = torch.arange(num_pairs, device=flat.device) - (counts.cumsum(0) - counts)[sorted_experts]
-    dest = (ends - padded)[sorted_experts] + rank
-    sorted_ids = torch.full((max_blocks * block_m,), num_pairs, dtype=torch.int32, device=flat.device)
-    sorted_ids[dest] = order.to(torch.int32)
-    block_starts = torch.arange(max_blocks, device=flat.device) * block_m
-    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_max(num_experts - 1).to(torch.int32)
-    return sorted_ids, block_expert, ends[-1:].to(torch.int32)
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int
+    group_m: int = 0
+    tail_m: int = 0
 
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of both GEMMs by the most (token, expert) pairs they serve
-# (benchmarks/kernels/bench_fused_moe.py --sweep); past the last bound, the last config.
-MOE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (256, (16, 64, 128, 4, 3)),
-    (4096, (64, 64, 64, 4, 3)),
-    (1 << 62, (128, 128, 64, 8, 3)),
+# The gate/up GEMM's tiles and the down GEMM's, of one block_m (the pairs' layout is shared).
+MoeConfig = tuple[MoeTile, MoeTile]
+
+
+def _same(tile: MoeTile) -> MoeConfig:
+    return tile, tile
+
+
+# Float experts' tiles by the most (token, expert) pairs they serve (benchmarks/kernels/bench_fused_moe.py --sweep);
+# past the last bound, the last config. Qwen3-30B-A3B's experts at 16,384 pairs (H100, one sweep): the gate/up GEMM
+# 367 us in the tiles both GEMMs shared before (128 x 128 x 64, 3 stages, a column at a time), 354 in 4 stages, 344
+# with a row tile's column tiles taken together (group 1), 341 with tails of 32 rows; the down GEMM 297 us in the old
+# tiles, 249 in 128 x 256 ones, 195 taken together, 195 with tails (283 against 308 at 32,768 pairs).
+MOE_CONFIGS: list[tuple[int, MoeConfig]] = [
+    (256, _same(MoeTile(16, 64, 128, 4, 3))),
+    (4096, (MoeTile(64, 64, 64, 4, 3, 1), MoeTile(64, 128, 64, 4, 4, 4))),
+    (1 << 62, (MoeTile(128, 128, 64, 8, 4, 1, 32), MoeTile(128, 256, 64, 8, 4, 1, 32))),
+]
+# fp8 experts (B converted in registers, each step scaled where the scales' blocks are smaller than K).
+FP8_MOE_CONFIGS: list[tuple[int, MoeConfig]] = [
+    (256, _same(MoeTile(16, 64, 128, 4, 3))),
+    (4096, _same(MoeTile(64, 64, 64, 4, 3))),
+    (1 << 62, _same(MoeTile(128, 128, 64, 8, 3))),
 ]
 
 
@@ -216,19 +253,19 @@ def pair_bound(max_pairs: int, per_expert: int, num_experts: int) -> int:
 # The same over 4- or 8-bit experts, whose B tiles are unpacked at every step (Qwen3-30B-A3B's 4-bit experts on an H100,
 # `bench_fused_moe.py --wna16 4 --sweep`: 382 against 574 us with MOE_CONFIGS' at 1,024 pairs, 1,101 against 1,642 at
 # 16,384).
-WNA16_MOE_CONFIGS: list[tuple[int, tuple[int, int, int, int, int]]] = [
-    (1024, (16, 128, 128, 4, 3)),
-    (1 << 62, (64, 128, 128, 4, 3)),
+WNA16_MOE_CONFIGS: list[tuple[int, MoeConfig]] = [
+    (1024, _same(MoeTile(16, 128, 128, 4, 3))),
+    (1 << 62, _same(MoeTile(64, 128, 128, 4, 3))),
 ]
 
 
-def moe_config(num_pairs: int, dtype: torch.dtype, packed: bool = False) -> tuple[int, int, int, int, int]:
-    """The tile shape for `num_pairs` pairs of activations in `dtype` against float or fp8 experts, or 4- or 8-bit
-    ones (`packed`)."""
-    config = next(c for bound, c in (WNA16_MOE_CONFIGS if packed else MOE_CONFIGS) if num_pairs <= bound)
+def moe_config(num_pairs: int, dtype: torch.dtype, experts: str = "float") -> MoeConfig:
+    """The tiles for `num_pairs` pairs of activations in `dtype` against `experts` "float", "fp8" or "packed" (4- or
+    8-bit)."""
+    table = {"float": MOE_CONFIGS, "fp8": FP8_MOE_CONFIGS, "packed": WNA16_MOE_CONFIGS}[experts]
+    config = next(c for bound, c in table if num_pairs <= bound)
     if dtype == torch.float32:  # a float32 tile takes twice the shared memory a step
-        block_m, block_n, block_k, warps, stages = config
-        return block_m, block_n, min(block_k, 32), warps, stages
+        return tuple(tile._replace(block_k=min(tile.block_k, 32)) for tile in config)
     return config
 
 
@@ -242,10 +279,13 @@ def _scaling(scales: WeightScales | GroupScales | None, k: int, block_k: int) ->
     return "step", scale_n, scale_k, min(block_k, scale_k & -scale_k)  # BLOCK_K divides SCALE_K
 
 
-def _moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScales | None, out: torch.Tensor,
+def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScales | None, out: torch.Tensor,
               weights: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_pairs: int,
-              a_row_div: int, gated: bool, direct: bool, config: tuple[int, int, int, int, int]) -> None:
-    block_m, block_n, block_k, warps, stages = config
+              a_row_div: int, gated: bool, direct: bool, tile: MoeTile) -> None:
+    """One of fused_experts' GEMMs over the pairs' layout (moe_align's, or where `direct` the top-k ids as each
+    part): out[pair] = a[pair // a_row_div] @ b[expert].T, as silu(gate) * up where `gated`, else times the pair's
+    routing weight (weights, float32)."""
+    block_m, block_n, block_k, warps, stages, group_m, tail_m = tile
     n = out.shape[1]
     bits = scales.bits if isinstance(scales, GroupScales) else 0
     if bits:  # [E, K / pack, N]: N along the last dimension, K's words along the middle one
@@ -258,27 +298,28 @@ def _moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScal
         s_strides = (s.stride(0), s.stride(1), s.stride(2)) if scales is not None else (0, 0, 0)
     scaling, scale_n, scale_k, block_k = _scaling(scales, k, block_k)
     sorted_ids, block_expert, num_padded = layout
-    _moe_gemm_kernel[(block_expert.shape[0], triton.cdiv(n, block_n))](
+    tiles_m = block_expert.shape[0]
+    _moe_gemm_kernel[(tiles_m * triton.cdiv(n, block_n),)](
         a, b, out, weights, sorted_ids, block_expert, num_padded, s, z,
-        n, k, num_pairs,
+        n, k, num_pairs, tiles_m,
         a.stride(0), a.stride(1), *b_strides, out.stride(0), out.stride(1), *s_strides,
         A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=not gated, DIRECT=direct,
         SCALING=scaling, SCALE_N=scale_n, SCALE_K=scale_k, BITS=bits,
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, TAIL_M=0 if direct else tail_m,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
     )
 
 
 def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                  topk_ids: torch.Tensor, config: tuple[int, int, int, int, int] | None = None,
+                  topk_ids: torch.Tensor, config: MoeConfig | None = None,
                   w13_scales: WeightScales | GroupScales | None = None,
                   w2_scales: WeightScales | GroupScales | None = None) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights [T, k] (fp32),
     topk_ids [T, k]. Returns sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]), [T, H] in x's dtype.
-    config: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), by default from MOE_CONFIGS (WNA16_MOE_CONFIGS with
-    GroupScales). w13 and w2 in fp8 take their
-    scales (w13's over its stacked rows: up row n is row I + n of the scale grid too); with GroupScales they are
-    packed [E, H / pack, 2I] and [E, I / pack, H] (gate columns, then up columns)."""
+    config: the two GEMMs' tiles, by default from MOE_CONFIGS (FP8_MOE_CONFIGS with WeightScales, WNA16_MOE_CONFIGS
+    with GroupScales). w13 and w2 in fp8 take their scales (w13's over its stacked rows: up row n is row I + n of the
+    scale grid too); with GroupScales they are packed [E, H / pack, 2I] and [E, I / pack, H] (gate columns, then up
+    columns)."""
     num_tokens, hidden = x.shape
     num_experts = w13.shape[0]
     two_i = w13.shape[2] if isinstance(w13_scales, GroupScales) else w13.shape[1]
@@ -286,16 +327,17 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     num_pairs = num_tokens * top_k
     if num_tokens == 0:
         return torch.zeros_like(x)
-    config = config or moe_config(num_pairs, x.dtype, isinstance(w13_scales, GroupScales))
+    experts = "packed" if isinstance(w13_scales, GroupScales) else "fp8" if w13_scales is not None else "float"
+    config = config or moe_config(num_pairs, x.dtype, experts)
     direct = num_pairs <= pair_bound(DIRECT_MAX_PAIRS, DIRECT_PAIRS_PER_EXPERT, num_experts)
     if direct:  # tile i is pair i: its expert is topk_ids' element i (the kernel reads no sorted ids or count)
         ids = topk_ids.flatten()
         layout = (ids, ids, ids)
     else:
-        layout = moe_align(topk_ids, num_experts, config[0])
+        layout = moe_align(topk_ids, num_experts, config[0].block_m)
     weights = topk_weights.to(torch.float32).contiguous()
     hidden_mid = torch.empty(num_pairs, two_i // 2, dtype=x.dtype, device=x.device)
-    _moe_gemm(x, w13, w13_scales, hidden_mid, weights, layout, num_pairs, top_k, True, direct, config)
+    moe_gemm(x, w13, w13_scales, hidden_mid, weights, layout, num_pairs, top_k, True, direct, config[0])
     out = torch.empty(num_pairs, hidden, dtype=x.dtype, device=x.device)
-    _moe_gemm(hidden_mid, w2, w2_scales, out, weights, layout, num_pairs, 1, False, direct, config)
+    moe_gemm(hidden_mid, w2, w2_scales, out, weights, layout, num_pairs, 1, False, direct, config[1])
     return sum_pairs(out, top_k)

@@ -74,9 +74,10 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     the first that runs): "gemv", the GEMVs, up to the bound above; "tiles", the tile kernel over the pairs
     sorted by expert, up to EXPERT_TILES_MAX_PAIRS; "decoded", the experts decoded whole."""
     from wick.kernels.activation import silu_and_mul
-    from wick.kernels.fused_moe import fused_experts, moe_align, pair_bound, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
     from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
     from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
+    from wick.kernels.moe_align import moe_align
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
