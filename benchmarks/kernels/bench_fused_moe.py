@@ -41,7 +41,15 @@ from triton.testing import do_bench, do_bench_cudagraph
 from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blocks
 from wick.kernels import wna16_matmul
 from wick.kernels.expert_gemv import DOWN_CONFIG, GATE_UP_CONFIG, gemv_experts
-from wick.kernels.fused_moe import MoeConfig, MoeTile, WeightScales, fused_experts, moe_config, moe_gemm
+from wick.kernels.fused_moe import (
+    MoeConfig,
+    MoeTile,
+    WeightScales,
+    expert_kind,
+    fused_experts,
+    moe_config,
+    moe_gemm,
+)
 from wick.kernels.moe_align import moe_align
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
 from wick.layers.moe.fused_moe import GEMV_MAX_PAIRS, fused_experts_float, fused_experts_ref
@@ -120,7 +128,8 @@ def main() -> None:
             kinds = (("128 x 128 scale blocks", ((128, 128), (128, 128))), ("a scale a row", ((1, h), (1, i))))
             for name, blocks in kinds:
                 print(f"fp8 experts, {name}:")
-                sweep(args.tokens, fp8_layers(w13, w2, *blocks), e, k, h, i, dtype, None, args.rotate, "fp8")
+                layers = fp8_layers(w13, w2, *blocks)
+                sweep(args.tokens, layers, e, k, h, i, dtype, None, args.rotate, expert_kind(layers[2][0], h))
     if args.gemv_sweep:
         expert_gemv_sweep(args.tokens, w13, w2, args)
     print(f"{args.rotate} expert group(s) in turn, over {args.layers} layer(s) of experts; 'picked': the path the "
