@@ -179,6 +179,18 @@ def test_wna16_experts_match_reference(groups: tuple[int, int, int], num_tokens:
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
 
 
+@pytest.mark.parametrize(("group_m", "tail_m"), [(0, 16), (4, 16)])
+def test_wna16_grid_orders_and_tails_match_reference(group_m: int, tail_m: int) -> None:
+    """4-bit experts in groups of 16 over test_grid_orders_and_tails_match_reference's routing (one tile of 29 pairs,
+    second tiles of 1 to 12)."""
+    x, w13, w2, weights, ids = make_case(150, 8, 2, hidden=32, inter=48, dtype=torch.float32)
+    q13, q2 = to_wna16(w13, 4, 16), to_wna16(w2, 4, 16)
+    tiles = (MoeTile(32, 32, 16, 4, 1, group_m, tail_m), MoeTile(32, 16, 16, 4, 1, group_m, tail_m))
+    expected = fused_experts_ref(x, q13, q2, weights, ids)
+    out = fused_experts(x, q13.qweight, q2.qweight, weights, ids, tiles, q13.group_scales, q2.group_scales)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
+
+
 @pytest.mark.parametrize("num_tokens", [3, 40])
 def test_wna16_tiles_end_in_a_partial_step(num_tokens: int) -> None:
     """Hidden 176 and intermediate 48 a group each (per channel): the last 32-row step of either GEMM is partial."""
