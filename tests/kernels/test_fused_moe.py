@@ -58,6 +58,16 @@ def test_grid_orders_and_tails_match_reference(group_m: int, tail_m: int) -> Non
                                rtol=1e-4)
 
 
+def test_tiles_that_cannot_work_are_refused() -> None:
+    case = make_case(150, 8, 2, hidden=32, inter=48, dtype=torch.float32)
+    for tail_m in (32, 8, 24):  # not below BLOCK_M, below a dot's 16 rows, not a power of two
+        tile = MoeTile(32, 32, 32, 4, 1, 0, tail_m)
+        with pytest.raises(ValueError, match="tail"):
+            fused_experts(*case, config=(tile, tile))
+    with pytest.raises(ValueError, match="share the pairs' layout"):
+        fused_experts(*case, config=(MoeTile(32, 32, 32, 4, 1), MoeTile(16, 32, 32, 4, 1)))
+
+
 def test_experts_without_tokens() -> None:
     case = make_case(20, 16, 2, hidden=32, inter=16, dtype=torch.float32, used_experts=3)
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)

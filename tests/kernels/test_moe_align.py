@@ -26,7 +26,8 @@ def moe_align_ref(topk_ids: torch.Tensor, num_experts: int, block_m: int
 
 
 @pytest.mark.parametrize(("tokens", "top_k", "num_experts", "block_m"),
-                         [(4, 2, 5, 2), (300, 8, 128, 16), (70, 2, 8, 64), (1000, 8, 256, 64), (3, 1, 3, 16)])
+                         [(4, 2, 5, 2), (300, 8, 128, 16), (70, 2, 8, 64), (1000, 8, 256, 64), (3, 1, 3, 16),
+                          (200, 8, 512, 16)])
 def test_layout_matches_a_stable_sort(tokens: int, top_k: int, num_experts: int, block_m: int) -> None:
     generator = torch.Generator().manual_seed(tokens)
     # experts drawn from the first two thirds only, so some have no pairs

@@ -304,6 +304,8 @@ def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScale
     part): out[pair] = a[pair // a_row_div] @ b[expert].T, as silu(gate) * up where `gated`, else times the pair's
     routing weight (weights, float32)."""
     block_m, block_n, block_k, warps, stages, group_m, tail_m = tile
+    if tail_m and not (16 <= tail_m < block_m and tail_m & (tail_m - 1) == 0):
+        raise ValueError(f"a tail of {tail_m} rows needs a power of two from 16 to below BLOCK_M {block_m}")
     n = out.shape[1]
     bits = scales.bits if isinstance(scales, GroupScales) else 0
     if bits:  # [E, K / pack, N]: N along the last dimension, K's words along the middle one
@@ -345,6 +347,8 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     if num_tokens == 0:
         return torch.zeros_like(x)
     config = config or moe_config(num_pairs, x.dtype, expert_kind(w13_scales, hidden))
+    if config[0].block_m != config[1].block_m:
+        raise ValueError(f"the two GEMMs share the pairs' layout: BLOCK_M {config[0].block_m} and {config[1].block_m}")
     direct = num_pairs <= pair_bound(DIRECT_MAX_PAIRS, DIRECT_PAIRS_PER_EXPERT, num_experts)
     if direct:  # tile i is pair i: its expert is topk_ids' element i (the kernel reads no sorted ids or count)
         ids = topk_ids.flatten()

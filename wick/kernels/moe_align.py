@@ -21,7 +21,7 @@ _TILE_ELEMENTS = 8192
 @triton.jit(do_not_specialize=["num_pairs"])
 def _count_chunks_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, E: tl.constexpr, E_PAD: tl.constexpr,
                          CHUNK: tl.constexpr):
-    """counts[c, e]: chunk c's pairs of expert e; rank[p]: p's pairs of its expert before it in its chunk."""
+    """counts[c, e]: chunk c's pairs of expert e; rank[p]: the pairs of p's expert before p in its chunk."""
     chunk = tl.program_id(0)
     pairs = chunk * CHUNK + tl.arange(0, CHUNK)
     experts = tl.load(ids_ptr + pairs, mask=pairs < num_pairs, other=E_PAD)
