@@ -42,7 +42,6 @@ from benchmarks.common import copy_bandwidth, print_environment, random_gguf_blo
 from wick.kernels import wna16_matmul
 from wick.kernels.expert_gemv import DOWN_CONFIG, GATE_UP_CONFIG, gemv_experts
 from wick.kernels.fused_moe import (
-    MoeConfig,
     MoeTile,
     WeightScales,
     expert_kind,
@@ -140,7 +139,7 @@ def main() -> None:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
         routes = routings(tokens, e, k, args.rotate)
         weights, ids = routes[0]
-        tiles_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        tiles_ms = time_ms(x, w13, w2, routes)
         gemv_ms = float_ms(x, w13, w2, routes, "gemv") if tokens * k <= GEMV_MAX_PAIRS else float("nan")
         ms = float_ms(x, w13, w2, routes, None)
         ref = float("nan")
@@ -193,7 +192,7 @@ def time_wna16(args: argparse.Namespace, dtype: torch.dtype, bandwidth: float, w
     for tokens in args.tokens:
         x = torch.randn(tokens, args.hidden_size, dtype=dtype, device="cuda")
         routes = routings(tokens, args.experts, args.top_k, args.rotate)
-        bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        bf16_ms = time_ms(x, w13, w2, routes)
         times = [wna16_ms(x, layers, routes, path) for path in paths]
         read = routes[0][1].unique().numel() * expert_bytes / (times[2] / 1e3)
         print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
@@ -259,7 +258,7 @@ def time_fp8(args: argparse.Namespace, dtype: torch.dtype, bandwidth: float, w13
     for tokens in args.tokens:
         x = torch.randn(tokens, h, dtype=dtype, device="cuda")
         routes = routings(tokens, args.experts, args.top_k, args.rotate)
-        bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        bf16_ms = time_ms(x, w13, w2, routes)
 
         def run(layers: list, path: str | None, x: torch.Tensor = x, routes: list = routes) -> None:
             for r, (weights, ids) in enumerate(routes):
@@ -305,7 +304,7 @@ def time_packed(args: argparse.Namespace, qtype: GGMLQuantizationType, down_type
         for path in (*paths, None):
             run(path)
             times.append(graph_ms(partial(run, path)) / len(routes))
-        bf16_ms = time_ms(x, (w13, w2, None, None), routes, None)
+        bf16_ms = time_ms(x, w13, w2, routes)
         picked = times[-1]
         read = routes[0][1].unique().numel() * expert_bytes / (picked / 1e3)
         print(f"{tokens} | {bf16_ms * 1e3:.1f} | {' | '.join(f'{t * 1e3:.1f}' for t in times)} | "
@@ -323,16 +322,15 @@ def routings(tokens: int, experts: int, top_k: int, groups: int) -> list[tuple[t
     return routes
 
 
-def time_ms(x: torch.Tensor, layers: tuple, routes: list[tuple[torch.Tensor, torch.Tensor]],
-            config: MoeConfig | None) -> float:
-    """Milliseconds a call, in a CUDA graph of one call per routing; layers (w13, w2 [layers, ...], and the scales of
-    each layer or None): call r reads layer r % layers."""
-    w13, w2, s13, s2 = layers
+def time_ms(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+            routes: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Milliseconds a call of fused_experts over float experts, in a CUDA graph of one call per routing; w13, w2
+    [layers, ...]: call r reads layer r % layers."""
 
     def run() -> None:
         for r, (weights, ids) in enumerate(routes):
             layer = r % len(w13)
-            fused_experts(x, w13[layer], w2[layer], weights, ids, config, s13 and s13[layer], s2 and s2[layer])
+            fused_experts(x, w13[layer], w2[layer], weights, ids)
 
     run()
     return graph_ms(run) / len(routes)

@@ -95,6 +95,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int
     sorted_ids = torch.full((max_blocks * block_m,), num_pairs, dtype=torch.int32, device=device)
     _count_chunks_kernel[(num_chunks,)](ids, counts, rank, num_pairs, E=num_experts, E_PAD=e_pad, CHUNK=chunk)
     _expert_offsets_kernel[(1,)](counts, offsets, starts, block_expert, num_padded, num_chunks, max_blocks,
-                                 E=num_experts, E_PAD=e_pad, ROWS=max(16, _TILE_ELEMENTS // e_pad), BLOCK_M=block_m)
+                                 E=num_experts, E_PAD=e_pad, ROWS=chunk, BLOCK_M=block_m)
     _place_pairs_kernel[(num_chunks,)](ids, rank, offsets, starts, sorted_ids, num_pairs, E=num_experts, CHUNK=chunk)
     return sorted_ids, block_expert, num_padded
