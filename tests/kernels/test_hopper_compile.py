@@ -1,5 +1,5 @@
-"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k), RMSNorm, the sampler's
-draw, the fused MoE GEMM and moe_align's kernels compiled for an H100 (sm_90) by Triton's own compiler, on any
+"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k) and its combine, RMSNorm, the
+sampler's draw, the fused MoE GEMM and moe_align's kernels compiled for an H100 (sm_90) by Triton's own compiler, on any
 machine: what the interpreter (the CPU tests' way of running them) does not check, such as the shapes a compiled
 kernel must keep and where it waits for the kernel before it. The compiler runs in a child process, since this
 folder's kernels are imported interpreted (conftest.py)."""
@@ -40,8 +40,14 @@ VARIANTS = {
          "k_inv_scale": "fp32", "v_inv_scale": "fp32"},
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
          "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32",
-         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "PDL": 2})
+         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "DECODE": rope, "PDL": 2})
        for rope, cache in ((False, "bf16"), (True, "bf16"), (True, "fp8e4nv"))},
+    **{f"split attention's combine, decode {decode}": (
+        "wick.kernels.paged_attention:_combine_splits_kernel",
+        {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
+         "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32"},
+        {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "PDL": 1})
+       for decode in (False, True)},
     **{f"rms norm pdl {pdl}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",

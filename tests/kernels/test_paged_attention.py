@@ -93,6 +93,22 @@ def test_split_kv(shape: tuple[list[int], list[int]], num_splits: int) -> None:
     check(*shape, num_heads=8, num_splits=num_splits)
 
 
+def test_splits_without_keys_never_reach_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Splits past a context's keys write nothing: what their partials' memory holds (NaN here) must not reach the
+    result."""
+    empty, empty_like = torch.empty, torch.empty_like
+
+    def poisoned(make):
+        def allocate(*args, **kwargs):
+            t = make(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return allocate
+
+    monkeypatch.setattr(torch, "empty", poisoned(empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(empty_like))
+    check(*DECODE, num_heads=8, num_splits=4)  # one key tile a request: splits 1-3 have none
+
+
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_rows_outside_requests_untouched(num_splits: int) -> None:
     batch = make_batch(*DECODE, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32,

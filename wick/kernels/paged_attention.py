@@ -98,9 +98,12 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, PDL: tl.constexpr,
+    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
 ):
-    """ROPE (decode steps only: one query a request): q and the new k arrive as the QKV projection left them (new_k,
+    """DECODE: every request has one query, row i of q being request i's (a decode step): no lookup of the program's
+    request in query_start_loc, two dependent loads fewer before the keys.
+
+    ROPE (decode steps only: one query a request): q and the new k arrive as the QKV projection left them (new_k,
     new_v: the step's k and v); each program rotates its query heads (RMS-normalized first where QK_NORM) at their
     position, the request's last, and the program whose keys hold that position writes the rotated k and v into the
     cache, then reads them back with the rest, as rotary.py's kernel would have written them."""
@@ -110,25 +113,31 @@ def _paged_attention_kernel(
     split = tl.program_id(2)
     num_splits = tl.num_programs(2)
 
-    # Request i owns the query tiles from first_tile(i) = query_start_loc[i] // BLOCK_Q + i on (the
-    # "+ i" leaves room for a partial tile per request); this program's request is the last one
-    # whose first tile is <= pid.
-    count = tl.zeros([], dtype=tl.int32)
-    for start in range(0, num_reqs, REQ_CHUNK):
-        idx = start + tl.arange(0, REQ_CHUNK)
-        first_tile = tl.load(query_start_loc_ptr + idx, mask=idx < num_reqs, other=0) // BLOCK_Q
+    if DECODE:  # request i is query row i: nothing to look up
+        req = pid
+        q_start = pid
+        q_len = 1
+        q_first = 0
+    else:
+        # Request i owns the query tiles from first_tile(i) = query_start_loc[i] // BLOCK_Q + i on (the
+        # "+ i" leaves room for a partial tile per request); this program's request is the last one
+        # whose first tile is <= pid.
+        count = tl.zeros([], dtype=tl.int32)
+        for start in range(0, num_reqs, REQ_CHUNK):
+            idx = start + tl.arange(0, REQ_CHUNK)
+            first_tile = tl.load(query_start_loc_ptr + idx, mask=idx < num_reqs, other=0) // BLOCK_Q
+            if BLOCK_Q > 1:
+                first_tile += idx
+            count += tl.sum(((first_tile <= pid) & (idx < num_reqs)).to(tl.int32), 0)
+        req = count - 1
+        q_start = tl.load(query_start_loc_ptr + req)
+        q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
+        tile = pid - q_start // BLOCK_Q
         if BLOCK_Q > 1:
-            first_tile += idx
-        count += tl.sum(((first_tile <= pid) & (idx < num_reqs)).to(tl.int32), 0)
-    req = count - 1
-    q_start = tl.load(query_start_loc_ptr + req)
-    q_len = tl.load(query_start_loc_ptr + req + 1) - q_start
-    tile = pid - q_start // BLOCK_Q
-    if BLOCK_Q > 1:
-        tile -= req
-    q_first = tile * BLOCK_Q
-    if q_first >= q_len:
-        return
+            tile -= req
+        q_first = tile * BLOCK_Q
+        if q_first >= q_len:
+            return
     seq_len = tl.load(seq_lens_ptr + req)
     context = seq_len - q_len
 
@@ -207,13 +216,14 @@ def _paged_attention_kernel(
 def _combine_splits_kernel(
     out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr, query_start_loc_ptr, num_reqs, num_splits,
     stride_ot, stride_oh,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, PDL: tl.constexpr,
+    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     token = tl.program_id(0)
     head = tl.program_id(1)
-    if token >= tl.load(query_start_loc_ptr + num_reqs):
-        return
+    if not DECODE:  # a decode step's rows are all requests'
+        if token >= tl.load(query_start_loc_ptr + num_reqs):
+            return
     splits = tl.arange(0, SPLITS_PAD)
     dims = tl.arange(0, HEAD_DIM)
     row = token.to(tl.int64) * tl.num_programs(1) + head
@@ -313,7 +323,8 @@ def paged_attention(
     launch = {"num_warps": 4}
     if config is not None:
         block_n, launch["num_warps"], launch["num_stages"] = config
-    query_tiles = num_query_tiles(num_tokens, num_reqs, block_q)
+    decode = max_query_len == 1 and num_tokens == num_reqs
+    query_tiles = num_tokens if decode else num_query_tiles(num_tokens, num_reqs, block_q)
     if num_splits is None:
         num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
     split = num_splits > 1
@@ -337,13 +348,13 @@ def paged_attention(
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norm_weights is not None, FP8_CACHE=k_cache.dtype in FP8_DTYPES,
-        **launch, **pdl_options(q),
+        DECODE=decode, **launch, **pdl_options(q),
     )
     if split:
         _combine_splits_kernel[(num_tokens, num_heads)](
             out, part_acc, part_m, part_l, part_used, query_start_loc, num_reqs, num_splits,
             out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), **pdl_options(out),
+            HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), DECODE=decode, **pdl_options(out),
         )
     return out
 
