@@ -291,7 +291,9 @@ def paged_attention(
     [num_reqs, max_blocks] int32 on q's device. Request i's queries are rows
     query_start_loc[i]:query_start_loc[i+1] of q and sit at the end of its seq_lens[i] positions.
     max_query_len and max_seq_len bound those of the batch (max_seq_len only steers the split
-    choice; num_splits overrides it). Rows past query_start_loc[num_reqs] are not written.
+    choice; num_splits overrides it). Rows past query_start_loc[num_reqs] are not written. A batch with
+    max_query_len 1 and as many rows as requests (a decode step) is taken to have one query a request, row i
+    request i's, without reading query_start_loc.
     Returns out [T, H, D] in q's dtype. sliding_window: a query at position p sees keys at positions
     > p - sliding_window only; logits_soft_cap: scores become cap * tanh(scores / cap).
 
