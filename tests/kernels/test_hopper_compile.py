@@ -30,7 +30,7 @@ VARIANTS = {
                "BLOCK_K": 512 if groups > 1 else 2048, "GROUPS": groups, "X_ROW_DIV": 1, "EXPERTS": experts,
                "ACT": act, "PDL": int(not experts)})
        for act, experts, groups in ((-1, False, 1), (0, False, 1), (0, True, 1), (0, False, 4))},
-    **{f"paged attention, split, rope {rope}": (
+    **{f"paged attention, split, rope {rope}, decode {decode}, {cache} cache": (
         "wick.kernels.paged_attention:_paged_attention_kernel",
         {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "out_ptr": "*bf16",
          "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_used_ptr": "*i32",
@@ -40,8 +40,9 @@ VARIANTS = {
          "k_inv_scale": "fp32", "v_inv_scale": "fp32"},
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
          "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32",
-         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "DECODE": rope, "PDL": 2})
-       for rope, cache in ((False, "bf16"), (True, "bf16"), (True, "fp8e4nv"))},
+         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "DECODE": decode, "PDL": 2})
+       for rope, cache, decode in ((False, "bf16", False), (False, "bf16", True), (True, "bf16", True),
+                                   (True, "fp8e4nv", True))},
     **{f"split attention's combine, decode {decode}": (
         "wick.kernels.paged_attention:_combine_splits_kernel",
         {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",

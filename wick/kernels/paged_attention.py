@@ -326,9 +326,11 @@ def paged_attention(
     if config is not None:
         block_n, launch["num_warps"], launch["num_stages"] = config
     decode = max_query_len == 1 and num_tokens == num_reqs
-    query_tiles = num_tokens if decode else num_query_tiles(num_tokens, num_reqs, block_q)
+    query_tiles = num_query_tiles(num_tokens, num_reqs, block_q)
     if num_splits is None:
         num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
+    if decode:
+        query_tiles = num_tokens
     split = num_splits > 1
     if split:
         part_acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
