@@ -329,8 +329,6 @@ def paged_attention(
     query_tiles = num_query_tiles(num_tokens, num_reqs, block_q)
     if num_splits is None:
         num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
-    if decode:
-        query_tiles = num_tokens
     split = num_splits > 1
     if split:
         part_acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
@@ -339,7 +337,7 @@ def paged_attention(
         part_used = torch.empty(num_tokens, num_heads, dtype=torch.int32, device=q.device)
     else:
         part_acc = part_m = part_l = part_used = out
-    _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
+    _paged_attention_kernel[(num_tokens if decode else query_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_m, part_l, part_used,
         query_start_loc, seq_lens, block_tables,
         scale * k_scale if logits_soft_cap else scale * k_scale * LOG2E, v_scale, sliding_window or 0,
