@@ -47,13 +47,14 @@ def main() -> None:
     print_environment()
     llm = LLM(args.model, load_format="dummy", max_model_len=1024, max_num_seqs=max(args.batch_sizes),
               attention_backend=args.attention_backend, quantization=args.quantization)
-    graphs = llm.core.executor.worker.runner.decode_graphs
+    graphs = llm.core.executor.worker.runner.step_graphs
     assert graphs is not None, "no CUDA graphs were captured"
     print(f"{args.model}, q={args.quantization}: replay of one decode graph, median of {args.iters}")
     print("| batch | host, GPU idle (us) | host, GPU busy (us) | GPU per replay (us) |")
     print("|---|---|---|---|")
     for bs in args.batch_sizes:
-        graph = graphs.graphs[graphs.sizes[next(i for i, s in enumerate(graphs.sizes) if s >= bs)]]
+        size = graphs.batch_size(bs)
+        graph = graphs.graphs[size, size]
         _gpu_replay_us(graph, 10)
         idle = _host_replay_us(graph, args.iters, idle=True)
         busy = _host_replay_us(graph, args.iters, idle=False)

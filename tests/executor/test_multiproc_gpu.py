@@ -24,7 +24,7 @@ def test_tp2_bf16_follows_tp1(small_model_dir: str) -> None:
         llm = LLM(small_model_dir, device="cuda", dtype="bfloat16", attention_backend="triton",
                   max_num_seqs=16, kv_cache_memory=1 << 30, tensor_parallel_size=tp)
         try:
-            assert llm.core.executor.worker.runner.decode_graphs is not None
+            assert llm.core.executor.worker.runner.step_graphs is not None
             params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=logprobs)
             return llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         finally:

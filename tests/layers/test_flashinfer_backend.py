@@ -245,6 +245,6 @@ def test_engine_greedy_follows_torch_backend(small_model_dir: str, enforce_eager
     llm = LLM(small_model_dir, attention_backend="flashinfer", enforce_eager=enforce_eager,
               gpu_memory_utilization=0.2, **common)
     assert isinstance(llm.core.executor.worker.runner.backend, FlashInferAttentionBackend)
-    assert (llm.core.executor.worker.runner.decode_graphs is None) == enforce_eager
+    assert (llm.core.executor.worker.runner.step_graphs is None) == enforce_eager
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     assert_follows(reference, [o.outputs[0].token_ids for o in llm.generate(prompts, params)])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -191,3 +191,72 @@ def test_decode_in_cuda_graph() -> None:
         eager = metadata_for(lens.tolist(), [1] * batch, pages.tolist(), block_size, 0, "cuda")
         expected = TorchAttentionBackend().forward(q, k, v, *[c.clone() for c in caches], eager, head_dim**-0.5)
         torch.testing.assert_close(out, expected, atol=2e-2, rtol=2e-2)
+
+
+def _prefill_graph_case(device: str, prompt_lens: list[int], tokens: int, max_len: int,
+                        run: Callable[..., list[torch.Tensor]]) -> None:
+    """A prefill graph's attention: metadata made for `tokens` queries of one request and max_seq_len the bound,
+    then each prompt of prompt_lens given on the device only (query_start_loc, seq_lens, slots). run(forward,
+    set_prompt, prompt_lens) returns the outputs. Rows past the prompt (NaN in q) come out zero, and the prompt's
+    rows match the torch backend's on the prompt's own metadata."""
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, block_size = 4, 2, 16, 4
+    pages = torch.randperm(max_len // block_size, device=device).int()[None]
+    caches = torch.zeros(2, max_len // block_size, block_size, kv_heads, head_dim, device=device)
+    q_prompt = torch.randn(tokens, heads, head_dim, device=device)
+    q = q_prompt.clone()
+    k, v = torch.randn(2, tokens, kv_heads, head_dim, device=device)
+    slots = torch.full((tokens,), -1, dtype=torch.int64, device=device)
+    starts = torch.tensor([0, tokens], dtype=torch.int32, device=device)
+    seq_lens = torch.tensor([tokens], dtype=torch.int32, device=device)
+    metadata = AttentionMetadata(
+        slot_mapping=slots, query_start_loc=starts, seq_lens=seq_lens, block_tables=pages, max_query_len=tokens,
+        max_seq_len=max_len, query_start_loc_cpu=[0, tokens], seq_lens_cpu=[tokens], cuda_graph=True)
+    backend = TritonAttentionBackend()
+
+    def set_prompt(n: int) -> None:
+        q.copy_(q_prompt)
+        q[n:] = float("nan")
+        starts[1], seq_lens[0] = n, n
+        positions = torch.arange(n, device=device)
+        slots.fill_(-1)
+        slots[:n] = pages[0, positions // block_size].long() * block_size + positions % block_size
+
+    outs = run(lambda: backend.forward(q, k, v, *caches, metadata, head_dim**-0.5), set_prompt, prompt_lens)
+    for n, out in zip(prompt_lens, outs, strict=True):
+        eager = metadata_for([n], [n], pages.tolist(), block_size, 0, device)
+        expected = TorchAttentionBackend().forward(q_prompt[:n], k[:n], v[:n], *torch.zeros_like(caches), eager,
+                                                   head_dim**-0.5)
+        torch.testing.assert_close(out[:n], expected, atol=1e-4, rtol=1e-4)
+        assert (out[n:] == 0).all()
+
+
+def test_prefill_graph_rows_of_no_request_are_zero() -> None:
+    def run(forward, set_prompt, prompt_lens):
+        outs = []
+        for n in prompt_lens:
+            set_prompt(n)
+            outs.append(forward().clone())
+        return outs
+
+    _prefill_graph_case(DEVICE, [3, 16, 9], tokens=16, max_len=64, run=run)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_prefill_in_cuda_graph() -> None:
+    """Captured once at 128 tokens, replayed for shorter prompts."""
+    def run(forward, set_prompt, prompt_lens):
+        set_prompt(128)
+        forward()  # compiles outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward()
+        outs = []
+        for n in prompt_lens:
+            set_prompt(n)
+            graph.replay()
+            outs.append(out.clone())
+        return outs
+
+    _prefill_graph_case("cuda", [1, 77, 128, 100], tokens=128, max_len=4096, run=run)

@@ -58,10 +58,12 @@ def test_engine_matches_hf_chunked_preempted_and_cached(
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_engine_on_cuda_matches_hf(model_and_reference: tuple[str, list[list[int]], list[list[int]]]) -> None:
-    """fp32 on the GPU: the fused MoE kernel, the Triton attention kernel's windows and soft-cap, CUDA graphs."""
+    """fp32 on the GPU: the fused MoE kernel, the Triton attention kernel's windows and soft-cap, CUDA graphs; then
+    each prompt alone, its prefill in a prefill graph (over a cached prefix for the longer two)."""
     folder, prompts, expected = model_and_reference
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
     # A small KV cache: every family's engine of this module shares the GPU with the ones before it.
     llm = LLM(folder, device="cuda", dtype="float32", attention_backend="triton", block_size=16, max_num_seqs=4,
               kv_cache_memory=256 * 2**20)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == expected
+    assert [llm.generate([p], params)[0].outputs[0].token_ids for p in prompts] == expected

@@ -25,7 +25,7 @@ def _prompts() -> list[list[int]]:
 def _gpu_llm(folder: str, dtype: str, enforce_eager: bool) -> LLM:
     llm = LLM(folder, device="cuda", dtype=dtype, attention_backend="triton", enforce_eager=enforce_eager,
               max_num_seqs=16, kv_cache_memory=1 << 30)
-    assert (llm.core.executor.worker.runner.decode_graphs is None) == enforce_eager
+    assert (llm.core.executor.worker.runner.step_graphs is None) == enforce_eager
     return llm
 
 
@@ -89,3 +89,37 @@ def test_bf16_gpu_greedy_follows_torch_backend(small_model_dir, enforce_eager):
     for a, b in zip(torch_backend.generate(sequences, scored), gpu.generate(sequences, scored), strict=True):
         for token_id, x, y in zip(a.prompt_token_ids[1:], a.prompt_logprobs[1:], b.prompt_logprobs[1:], strict=True):
             assert abs(x[token_id].logprob - y[token_id].logprob) < 0.5 + 0.05 * abs(x[token_id].logprob)
+
+
+def test_lone_prompts_prefill_in_graphs_as_cpu_torch_backend(small_model_dir, monkeypatch):
+    """Prompts one at a time, so each prefill step runs in a prefill graph: a 100-token prompt's last chunk over its
+    first chunk's cache, a repeated prompt's over its cached prefix. Greedy and seeded tokens are the CPU's, prompt
+    logprobs (from the graph's hidden states) close to them."""
+    prompts = _prompts() + [_prompts()[3]]
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch")
+    gpu = LLM(small_model_dir, device="cuda", dtype="float32", attention_backend="triton", max_num_seqs=16,
+              max_num_batched_tokens=64, kv_cache_memory=1 << 30)
+    graphs = gpu.core.executor.worker.runner.step_graphs
+    assert graphs.prefill_sizes == [16, 32, 64]
+    shapes = []
+    replay = graphs.run
+    monkeypatch.setattr(graphs, "run", lambda step: shapes.append((step.input_ids.numel(), step.num_reqs))
+                        or replay(step))
+    params = [SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True),
+              SamplingParams(temperature=0.9, seed=5, max_tokens=8, ignore_eos=True),
+              SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True, prompt_logprobs=1)]
+    block_size, seen = gpu.config.block_size, set()
+    for prompt in prompts:
+        for p in params:
+            shapes.clear()
+            expected, got = cpu.generate([prompt], p)[0], gpu.generate([prompt], p)[0]
+            assert got.outputs[0].token_ids == expected.outputs[0].token_ids
+            hit = tuple(prompt) in seen and p.prompt_logprobs is None
+            new = len(prompt) - ((len(prompt) - 1) // block_size * block_size if hit else 0)
+            last_chunk = new - (new - 1) // 64 * 64
+            assert [t for t, b in shapes if t > b] == ([graphs.prefill_size(last_chunk)] if last_chunk > 1 else [])
+            seen.add(tuple(prompt))
+            if p.prompt_logprobs is not None:
+                for token_id, x, y in zip(prompt[1:], expected.prompt_logprobs[1:], got.prompt_logprobs[1:],
+                                          strict=True):
+                    assert abs(x[token_id].logprob - y[token_id].logprob) < 1e-3

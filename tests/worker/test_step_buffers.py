@@ -121,7 +121,7 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
     decode = SchedulerOutput(scheduled_cached_reqs=[CachedRequestData(d.req_id, [], 5) for d in news],
                              num_scheduled_tokens={d.req_id: 1 for d in news})
     scheduled = batch.update(decode)
-    step = buffers.pack(scheduled, batch, {}, pad_to=8)
+    step = buffers.pack(scheduled, batch, {}, pad_to=(8, 8))
     _check(step, scheduled, {}, {d.req_id: d.block_ids for d in news}, buffers, graph=True)
     assert step.logit_rows is None and step.num_reqs == 3
     m = step.metadata
@@ -129,7 +129,7 @@ def test_decode_padded_to_a_graph_batch_and_rows_reused():
     assert m.slot_mapping[3:].tolist() == [-1] * 5 and m.seq_lens[3:].tolist() == [1] * 5
     assert m.query_start_loc.tolist() == list(range(9))
     # what the graph of batch 8 reads: the real rows' draws, then greedy padding
-    views = buffers.decode_views(8)
+    views = buffers.views(8, 8)
     temperature, seeds, steps = views.temperature, views.seeds, views.steps
     states = [item.state for item in scheduled]
     assert temperature.tolist() == [s.sampling_params.temperature for s in states] + [0.0] * 5
@@ -159,9 +159,9 @@ def test_decode_graph_step_takes_pending_tokens_and_block_table_on_the_device():
                                                     for d in news],
                              num_scheduled_tokens={"z": 1, "x": 1, "y": 1})
     scheduled = batch.update(decode)
-    step = buffers.pack(scheduled, batch, {"x": 2, "z": 0}, pad_to=4)
+    step = buffers.pack(scheduled, batch, {"x": 2, "z": 0}, pad_to=(4, 4))
     assert step.gather is None
-    views = buffers.decode_views(4)
+    views = buffers.views(4, 4)
     assert views.previous_rows.tolist() == [0, 2, -1, -1]
     assert views.table_shape.tolist() == [3, 2]
     block_table = torch.full((4, 8), -1, dtype=torch.int32)
@@ -171,3 +171,46 @@ def test_decode_graph_step_takes_pending_tokens_and_block_table_on_the_device():
     assert block_table[:3, :2].tolist() == [[6, 2], [3, 8], [4, 0]]
     assert (block_table[3] == -1).all() and (block_table[:, 2:] == -1).all()
     assert views.seq_lens.tolist() == [7, 6, 3, 1] and views.positions.tolist() == [6, 5, 2, 0]
+
+
+def test_lone_prefill_padded_to_a_graph_token_count():
+    """A prefill graph's step: one request (here past a cached prefix, its last input still on the device) and
+    then tokens of no request up to the graph's count; the request's pending token is gathered before the graph
+    runs, and kernels.decode_inputs only copies its block table."""
+    from wick.kernels.decode_inputs import decode_inputs_torch
+
+    batch = InputBatch(num_rows=2, num_blocks=2)
+    buffers = StepBuffers(32, 8, 8, BLOCK, torch.device("cpu"))
+    blocks = {"x": [5, 2, 7]}
+    batch.update(SchedulerOutput(scheduled_new_reqs=[_new("x", list(range(40, 49)), blocks["x"])],
+                                 num_scheduled_tokens={"x": 4}))
+    batch.requests["x"].num_pending = 1
+    scheduled = batch.update(SchedulerOutput(scheduled_cached_reqs=[CachedRequestData("x", [], 4)],
+                                             num_scheduled_tokens={"x": 6}))
+    assert scheduled[0].samples
+    step = buffers.pack(scheduled, batch, {"x": 3}, pad_to=(16, 1))
+    _check(step, scheduled, {"x": 3}, blocks, buffers)
+    assert step.input_ids.numel() == 16 and step.num_reqs == 1
+    assert step.input_ids[6:].tolist() == step.positions[6:].tolist() == [0] * 10
+    m = step.metadata
+    assert m.slot_mapping[6:].tolist() == [-1] * 10
+    assert m.query_start_loc.tolist() == [0, 6] and m.seq_lens.tolist() == [10]
+    assert [g.tolist() for g in step.gather] == [[5], [3]] and step.logit_rows.tolist() == [5]
+    views = buffers.views(16, 1)
+    assert views.previous_rows.tolist() == [-1] and views.table_shape.tolist() == [1, 3]
+    block_table = torch.full((2, 8), -1, dtype=torch.int32)
+    ids = views.input_ids.clone()
+    decode_inputs_torch(views.input_ids[:1], views.previous_rows, buffers.samples, views.table_shape,
+                        views.packed_table, block_table)
+    assert block_table[0, :3].tolist() == blocks["x"] and (block_table[1] == -1).all()
+    assert torch.equal(views.input_ids, ids)
+
+
+def test_capture_inputs_give_every_token_to_a_request():
+    buffers = StepBuffers(32, 8, 8, BLOCK, torch.device("cpu"))
+    for t, b in ((4, 4), (16, 1)):
+        buffers.fill(t, b)
+        views = buffers.views(t, b)
+        assert views.query_start_loc.tolist() == [*range(b), t]
+        assert views.seq_lens.tolist() == [1] * (b - 1) + [t - b + 1]
+        assert views.slot_mapping.tolist() == [-1] * t and views.previous_rows.tolist() == [-1] * b

@@ -21,7 +21,7 @@ from wick.layers.quantization.base import quantization_scope
 from wick.layers.sampler import LogprobsTensors, Sampler, compute_prompt_logprobs
 from wick.loader.weights import load_weights
 from wick.models.registry import get_model_class
-from wick.worker.cuda_graph import DecodeGraphs, capture_sizes
+from wick.worker.cuda_graph import StepGraphs, capture_sizes
 from wick.worker.input_batch import CachedRequestState, InputBatch, ScheduledState, build_sampling_metadata
 from wick.worker.pooling import PooledBatch, pool_scheduled, run_encoder
 from wick.worker.step_buffers import StepBuffers
@@ -91,7 +91,7 @@ class ModelRunner:
         self.sampler = Sampler()
         self.vocab_size = config.hf_config.vocab_size
         self.num_blocks = 0
-        self.decode_graphs: DecodeGraphs | None = None
+        self.step_graphs: StepGraphs | None = None
 
     def _load_model(self) -> nn.Module:
         cfg = self.config
@@ -181,14 +181,14 @@ class ModelRunner:
                                  for shape in layer.kv_cache_shapes(num_blocks, self.block_size)])
 
     def capture_cuda_graphs(self) -> None:
-        """Captures decode graphs when the device and the attention backend allow it."""
+        """Captures the decode and prefill graphs when the device and the attention backend allow it."""
         cfg = self.config
         if (self.device.type != "cuda" or cfg.args.enforce_eager or not self.backend.supports_cuda_graph
                 or not getattr(self.model, "supports_cuda_graph", True)):
             return
-        self.decode_graphs = DecodeGraphs(self.model, self.backend, self.buffers, cfg.max_num_seqs,
-                                          cfg.max_model_len, self.block_size, self.device)
-        self.decode_graphs.capture()
+        self.step_graphs = StepGraphs(self.model, self.backend, self.buffers, cfg.max_num_seqs, cfg.max_model_len,
+                                      self.block_size, self.device)
+        self.step_graphs.capture()
 
     @property
     def num_pending_steps(self) -> int:
@@ -207,11 +207,7 @@ class ModelRunner:
             hidden, query_start = run_encoder(self.model, self.backend, scheduled, self.device)
             self._forward = _ForwardResult([], None, {}, pool_scheduled(pooler, hidden, scheduled, query_start))
             return
-        graphs = self.decode_graphs
-        pad_to = None
-        if graphs is not None and len(scheduled) <= graphs.max_batch_size and all(
-                item.num_new_tokens == 1 for item in scheduled):
-            pad_to = graphs.batch_size(len(scheduled))
+        pad_to = self._graph_shape(scheduled)
         previous_rows = self._pending[-1].row_of if self._pending else {}
         step = self.buffers.pack(scheduled, self.input_batch, previous_rows, pad_to)
         if step.gather is not None:
@@ -219,8 +215,8 @@ class ModelRunner:
         samplers = [item for item in scheduled if item.samples]
         logits = sampled = None
         if pad_to is not None:
-            hidden, logits, sampled = graphs.run(step)
-            if step.logit_rows is not None:
+            hidden, logits, sampled = self.step_graphs.run(step)
+            if len(samplers) < len(scheduled):  # a decode graph's rows are its requests
                 logits, sampled = logits[step.logit_rows], sampled[step.logit_rows]
         else:
             self.backend.prepare(step.metadata)
@@ -237,6 +233,20 @@ class ModelRunner:
                 prompt_logprobs[item.state.req_id] = lps
         pooled = pool_scheduled(pooler, hidden, scheduled, query_start) if pooler is not None else None
         self._forward = _ForwardResult(samplers, logits, prompt_logprobs, pooled, sampled)
+
+    def _graph_shape(self, scheduled: list[ScheduledState]) -> tuple[int, int] | None:
+        """The (tokens, requests) of the graph that runs this step, if one does: a decode step's, or that of a lone
+        request's prefill step that samples."""
+        graphs = self.step_graphs
+        if graphs is None:
+            return None
+        if len(scheduled) <= graphs.max_batch_size and all(item.num_new_tokens == 1 for item in scheduled):
+            bs = graphs.batch_size(len(scheduled))
+            return bs, bs
+        if len(scheduled) == 1 and scheduled[0].samples:
+            t = graphs.prefill_size(scheduled[0].num_new_tokens)
+            return None if t is None else (t, 1)
+        return None
 
     @torch.inference_mode()
     def launch_sampling(self, grammar: GrammarBitmask | None = None) -> None:

@@ -26,18 +26,18 @@ class PackedStep:
     num_reqs: int  # the step's requests; a decode graph's batch may be padded past them
 
 
-class DecodeInputs(NamedTuple):
-    """What a decode graph of b rows reads from the step buffers."""
+class GraphInputs(NamedTuple):
+    """What a graph of t tokens and b requests reads from the step buffers."""
 
-    input_ids: torch.Tensor  # [b] int64
-    positions: torch.Tensor  # [b] int64
-    slot_mapping: torch.Tensor  # [b] int64
+    input_ids: torch.Tensor  # [t] int64
+    positions: torch.Tensor  # [t] int64
+    slot_mapping: torch.Tensor  # [t] int64
     query_start_loc: torch.Tensor  # [b + 1] int32
     seq_lens: torch.Tensor  # [b] int32
     temperature: torch.Tensor  # [b] float32
     seeds: torch.Tensor  # [b] int64
     steps: torch.Tensor  # [b] int64
-    previous_rows: torch.Tensor  # [b] int64: the row of `samples` that gives a row its token, -1 where the host did
+    previous_rows: torch.Tensor  # [b] int64: the row of `samples` that gives a decode row its token, -1 where none does
     table_shape: torch.Tensor  # [2] int32: the packed block table's rows and width
     packed_table: torch.Tensor  # int32, flat, from the packed block table's first entry to the buffers' end
 
@@ -48,10 +48,11 @@ class StepBuffers:
     [2t, 3t), the requests' seeds [3t, 3t + b), sampling steps (output tokens before this one) [3t + b, 3t + 2b)
     and previous rows [3t + 2b, 3t + 3b) (see DecodeInputs). Then as int32, from int32 index 2 (3t + 3b):
     query_start_loc (b + 1), seq_lens (b), the temperatures' float32 bits (b), the block table's rows and width (2)
-    and the table. Then, as int64 again, the gather targets, their sources and the rows that sample. A decode graph
-    of batch b is captured on the sections of t = b, so packing a step of that shape is all its replay needs: the
-    graph takes the previous step's tokens from `samples` and copies the block table into its own
-    (kernels.decode_inputs); a step without a graph gathers them itself (PackedStep.gather).
+    and the table. Then, as int64 again, the gather targets, their sources and the rows that sample. A graph of t
+    tokens and b requests (a decode graph: t = b; a prefill graph: one request) is captured on those sections, so
+    packing a step of that shape is all its replay needs: the graph copies the block table into its own and a decode
+    graph takes the previous step's tokens from `samples` (kernels.decode_inputs); other steps gather them
+    themselves (PackedStep.gather).
 
     `samples` holds the newest step's sampled tokens, a row per request that sampled, for the next step.
 
@@ -73,37 +74,42 @@ class StepBuffers:
         self.longs, self.ints = self.data.view(torch.int64), self.data.view(torch.int32)
         self.samples = torch.zeros(max_reqs, dtype=torch.int64, device=device)
 
-    def decode_views(self, batch: int) -> DecodeInputs:
-        longs, b = self.longs, batch
-        ints = self.ints[_int32_start(b, b):]
-        return DecodeInputs(longs[:b], longs[b:2 * b], longs[2 * b:3 * b], ints[:b + 1], ints[b + 1:2 * b + 1],
-                            ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * b:4 * b], longs[4 * b:5 * b],
-                            longs[5 * b:6 * b], ints[3 * b + 1:3 * b + 3], ints[3 * b + 3:])
+    def views(self, tokens: int, reqs: int) -> GraphInputs:
+        longs, t, b = self.longs, tokens, reqs
+        ints = self.ints[_int32_start(t, b):]
+        return GraphInputs(longs[:t], longs[t:2 * t], longs[2 * t:3 * t], ints[:b + 1], ints[b + 1:2 * b + 1],
+                           ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * t:3 * t + b],
+                           longs[3 * t + b:3 * t + 2 * b], longs[3 * t + 2 * b:3 * t + 3 * b],
+                           ints[3 * b + 1:3 * b + 3], ints[3 * b + 3:])
 
-    def fill_decode(self, batch: int) -> None:
-        """Inputs a decode graph can be captured on: one token of context per row, nothing written or gathered,
-        no block table copied, greedy."""
-        views = self.decode_views(batch)
+    def fill(self, tokens: int, reqs: int) -> None:
+        """Inputs a graph of t tokens and b requests can be captured on: requests of one token but the last, which
+        takes the rest, their queries their whole context; nothing written or gathered, no block table copied,
+        greedy."""
+        views = self.views(tokens, reqs)
         for zeroed in (views.input_ids, views.positions, views.temperature, views.seeds, views.steps,
                        views.table_shape):
             zeroed.zero_()
         views.slot_mapping.fill_(-1)
         views.previous_rows.fill_(-1)
-        views.query_start_loc.copy_(torch.arange(batch + 1, dtype=torch.int32))
-        views.seq_lens.fill_(1)
+        starts = torch.arange(reqs + 1, dtype=torch.int32)
+        starts[-1] = tokens
+        views.query_start_loc.copy_(starts)
+        views.seq_lens.copy_(starts.diff())
 
     def pack(self, scheduled: list[ScheduledState], batch: InputBatch, previous_rows: dict[str, int],
-             pad_to: int | None = None) -> PackedStep:
+             pad_to: tuple[int, int] | None = None) -> PackedStep:
         """The step's tensors; `previous_rows` gives the row in `samples` of each request whose last input is
-        the previous step's sample, not on the host yet; `pad_to` pads the step to a decode graph's batch with
-        rows of one token that write nothing, and leaves those samples for the graph to take."""
+        the previous step's sample, not on the host yet. `pad_to` (tokens, requests) pads the step to a graph's
+        shape: requests of one token that write nothing, then tokens of no request; a decode graph takes those
+        samples itself."""
         n = len(scheduled)
-        b = pad_to or n
         counts = np.fromiter((item.num_new_tokens for item in scheduled), np.int64, n)
         starts = np.fromiter((item.start for item in scheduled), np.int64, n)
         rows = np.fromiter((item.state.row for item in scheduled), np.int64, n)
         t_real = int(counts.sum())
-        t = t_real + b - n
+        t, b = pad_to or (t_real, n)
+        decode_graph = pad_to is not None and t == b
         if t > self.max_tokens or b > self.max_reqs:
             raise ValueError(f"a step of {t} tokens and {b} requests exceeds the buffers' {self.max_tokens} and "
                              f"{self.max_reqs}")
@@ -118,7 +124,7 @@ class StepBuffers:
         query_start = ints[:b + 1]
         query_start[0] = 0
         np.cumsum(counts, out=query_start[1:n + 1])
-        query_start[n + 1:] = np.arange(t_real + 1, t + 1)
+        query_start[n + 1:] = np.arange(t_real + 1, t_real + b - n + 1)
         seq_lens = ints[b + 1:2 * b + 1]
         seq_lens[:n] = starts + counts
         seq_lens[n:] = 1
@@ -157,11 +163,11 @@ class StepBuffers:
             tokens, start, k = item.state.token_ids, item.start, item.num_new_tokens
             end = start + k
             if end > len(tokens):  # the last input is the previous step's sample
-                if pad_to is None:
+                if decode_graph:  # one token a row: the graph takes it
+                    previous[offset] = previous_rows[item.state.req_id]
+                else:
                     gather_dst.append(offset + k - 1)
                     gather_src.append(previous_rows[item.state.req_id])
-                else:  # one token a row: the graph takes it
-                    previous[offset] = previous_rows[item.state.req_id]
                 end -= 1
             if k == 1:
                 if end > start:

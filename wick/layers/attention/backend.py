@@ -18,6 +18,9 @@ class AttentionBackend(ABC):
     # captured in a CUDA graph (the grid may depend only on the batch size and metadata.max_seq_len) and
     # replayed after prepare() with another step's metadata.
     supports_cuda_graph: bool = False
+    # True when a lone request's prefill step can be captured likewise (max_query_len the graph's token count,
+    # max_seq_len its bound), its tokens padded with tokens of no request whose output rows forward() zeroes.
+    supports_prefill_graph: bool = False
     # True when the cache is laid out as wick.kernels.kv_cache_write writes it, so a caller may write k/v
     # there itself (the rotary kernel does, while it rotates k) and call forward() with kv_written=True.
     caller_writes_kv: bool = False

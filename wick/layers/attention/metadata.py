@@ -34,7 +34,7 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     # Host copy of block_tables' rows (each covering at least its request's pages), when the producer has one.
     block_tables_cpu: np.ndarray | list[list[int]] | None = None
-    # A decode step that DecodeGraphs captures or replays, padded up to a captured batch size.
+    # A step that StepGraphs captures or replays, padded up to a captured shape.
     cuda_graph: bool = False
 
     @property

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 class TritonAttentionBackend(AttentionBackend):
     # the kernels' grids depend only on the token count, the request count, max_query_len and max_seq_len
     supports_cuda_graph = True
+    supports_prefill_graph = True
     caller_writes_kv = True
     rotates_at_decode = True
 
@@ -42,8 +43,11 @@ class TritonAttentionBackend(AttentionBackend):
             raise ValueError("with rope the attention kernel writes k and v: they cannot be in the cache already")
         if not kv_written and rope is None:
             kv_cache_write(k, v, k_cache, v_cache, metadata.slot_mapping, k_scale, v_scale)
+        # A prefill graph's rows past its request vary from replay to replay: the kernel leaves them as they are.
+        prefill_graph = metadata.cuda_graph and metadata.max_query_len > 1
         out = paged_attention(q, k_cache, v_cache, metadata.query_start_loc, metadata.seq_lens,
                               metadata.block_tables, scale, metadata.max_query_len, metadata.max_seq_len,
+                              out=torch.zeros_like(q) if prefill_graph else None,
                               sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                               k_scale=k_scale, v_scale=v_scale, rope=rope,
                               new_kv=None if rope is None else (k, v, metadata.slot_mapping))
