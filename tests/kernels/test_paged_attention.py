@@ -109,18 +109,6 @@ def test_splits_without_keys_never_reach_the_result(monkeypatch: pytest.MonkeyPa
     check(*DECODE, num_heads=8, num_splits=4)  # one key tile a request: splits 1-3 have none
 
 
-@pytest.mark.parametrize("num_heads", [2, 6, 16])
-def test_decode_splits_merge_in_the_attention_kernel(num_heads: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """At a decode step the split that counts itself last merges every split's partials (here more splits than it
-    takes at once, and query groups of 1, 3 and 8): no combine kernel runs, and the counts are zero again after."""
-    from wick.kernels import paged_attention as module
-
-    monkeypatch.setattr(module, "_combine_splits_kernel", None)
-    check([1, 300, 700, 1500], [1, 1, 1, 1], num_heads=num_heads, num_kv_heads=2, block_size=16, num_splits=12,
-          config=(32, 4, 1))
-    assert module._counters and not any(c.any() for c in module._counters.values())
-
-
 @pytest.mark.parametrize("num_splits", [1, 2])
 def test_rows_outside_requests_untouched(num_splits: int) -> None:
     batch = make_batch(*DECODE, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4, dtype=torch.float32,

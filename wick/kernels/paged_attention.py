@@ -6,9 +6,9 @@ tile read through the block table serves every query head of the group. A reques
 last query_len context positions (causal). Softmax is online, in fp32, in base 2.
 
 Split-KV: with num_splits > 1 each program covers one slice of its tile's keys and writes an
-unnormalised partial result with its running max and sum; at a decode step the split that finishes last merges
-them (MERGE), at other steps _combine_splits_kernel does. The split count is fixed by max_seq_len (a CUDA graph's
-bound); the splits past a shorter context's keys end at once, and only the splits that had keys are merged.
+unnormalised partial result with its running max and sum; _combine_splits_kernel merges them. The split count
+is fixed by max_seq_len (a CUDA graph's bound); the splits past a shorter context's keys end at once, and the
+combine reads only the splits that had keys.
 
 The launch reads no device values on the host: the grid depends only on q.shape[0], the number of
 requests, max_query_len and (through the split choice) max_seq_len, so a decode step can be captured
@@ -38,9 +38,6 @@ LOG2E = 1.4426950408889634
 # 256 keys on (bench_paged_attention.py --splits-sweep); below 64 keys a split is less than one key tile.
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
-# The decode merge's counts made at first (a request and KV head each), and the most partial values it loads at once.
-MERGE_COUNTERS = 1 << 16
-MERGE_ELEMENTS = 8192
 
 
 @triton.jit
@@ -91,7 +88,7 @@ def _attend_tile(
 
 @triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr, counter_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
     qk_scale, v_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
@@ -101,15 +98,10 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, DECODE: tl.constexpr,
-    MERGE: tl.constexpr, MERGE_CHUNK: tl.constexpr, PDL: tl.constexpr,
+    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
 ):
     """DECODE: every request has one query, row i of q being request i's (a decode step): no lookup of the program's
     request in query_start_loc, two dependent loads fewer before the keys.
-
-    MERGE (with SPLIT and DECODE): no combine kernel follows. Each split with keys counts itself in counter_ptr (an
-    int32 per request and KV head, zero before the launch) once its partials are stored; the split that counts last
-    merges them all into out, MERGE_CHUNK splits at a time, and zeroes the count again.
 
     ROPE (decode steps only: one query a request): q and the new k arrive as the QKV projection left them (new_k,
     new_v: the step's k and v); each program rotates its query heads (RMS-normalized first where QK_NORM) at their
@@ -209,16 +201,7 @@ def _paged_attention_kernel(
         tl.store(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], acc * v_scale, mask=row_valid[:, None])
         tl.store(part_m_ptr + part, m_i, mask=row_valid)
         tl.store(part_l_ptr + part, l_i, mask=row_valid)
-        if MERGE:
-            used = tl.cdiv(tiles, tiles_per_split)
-            tl.debug_barrier()  # every thread's partials are stored before the count says so
-            counter = counter_ptr + pid * tl.num_programs(1) + kv_head
-            if tl.atomic_add(counter, 1, sem="acq_rel") == used - 1:
-                tl.store(counter, 0)
-                _merge_splits(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, q_start.to(tl.int64), kv_head,
-                              tl.num_programs(1), used, num_splits, stride_ot, stride_oh, GROUP, GROUP_PAD,
-                              MERGE_CHUNK, HEAD_DIM)
-        elif split == 0:
+        if split == 0:
             # the splits with keys: the combine reads theirs only
             used = tl.cdiv(tiles, tiles_per_split)
             tl.store(part_used_ptr + token * (tl.num_programs(1) * GROUP) + head, used + tl.zeros_like(head),
@@ -227,40 +210,6 @@ def _paged_attention_kernel(
         out = acc * v_scale / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
                  out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
-
-
-@triton.jit
-def _merge_splits(out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, token, kv_head, num_kv_heads, used, num_splits,
-                  stride_ot, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                  HEAD_DIM: tl.constexpr):
-    """One decode query's heads of one KV head: out = the first `used` splits' partials merged. Read past L1, which
-    may hold lines of these buffers from before the other splits stored them."""
-    heads = tl.arange(0, GROUP_PAD)
-    chunk = tl.arange(0, CHUNK)
-    dims = tl.arange(0, HEAD_DIM)
-    head_ok = heads < GROUP
-    first = (token * num_kv_heads * GROUP + kv_head * GROUP + heads) * num_splits
-    m_run = tl.full([GROUP_PAD], -1e30, dtype=tl.float32)
-    l_run = tl.zeros([GROUP_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUP_PAD, HEAD_DIM], dtype=tl.float32)
-    for start in range(0, used, CHUNK):
-        splits = start + chunk
-        ok = head_ok[:, None] & (splits < used)[None, :]
-        part = first[:, None] + splits[None, :]
-        m = tl.load(part_m_ptr + part, mask=ok, other=-1e30, cache_modifier=".cg")
-        l_part = tl.load(part_l_ptr + part, mask=ok, other=0.0, cache_modifier=".cg")
-        a = tl.load(part_acc_ptr + part[:, :, None] * HEAD_DIM + dims[None, None, :], mask=ok[:, :, None],
-                    other=0.0, cache_modifier=".cg")
-        m_new = tl.maximum(m_run, tl.max(m, 1))
-        alpha = tl.exp2(m_run - m_new)
-        weight = tl.exp2(m - m_new[:, None])
-        l_run = l_run * alpha + tl.sum(weight * l_part, 1)
-        acc = acc * alpha[:, None] + tl.sum(a * weight[:, :, None], 1)
-        m_run = m_new
-    out = acc / tl.where(l_run > 0, l_run, 1.0)[:, None]
-    head = kv_head * GROUP + heads
-    tl.store(out_ptr + token * stride_ot + head[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["num_reqs", "num_splits"])
@@ -287,20 +236,6 @@ def _combine_splits_kernel(
     total = tl.sum(weight * l_part, 0)
     out = tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out.to(out_ptr.dtype.element_ty))
-
-
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device, needed: int) -> torch.Tensor | None:
-    """The decode merge's counts (MERGE): one zeroed buffer per device, made once, outside any CUDA graph capture,
-    and never replaced, for the graphs that use it keep its address; None where it lacks room or cannot be made."""
-    counters = _counters.get(device)
-    if counters is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        counters = _counters[device] = torch.zeros(max(needed, MERGE_COUNTERS), dtype=torch.int32, device=device)
-    return counters if counters.numel() >= needed else None
 
 
 @functools.cache
@@ -395,7 +330,6 @@ def paged_attention(
     if num_splits is None:
         num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
     split = num_splits > 1
-    counters = _split_counters(q.device, num_tokens * num_kv_heads) if split and decode else None
     if split:
         part_acc = torch.empty(num_tokens, num_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
         part_m = torch.empty(num_tokens, num_heads, num_splits, dtype=torch.float32, device=q.device)
@@ -404,7 +338,7 @@ def paged_attention(
     else:
         part_acc = part_m = part_l = part_used = out
     _paged_attention_kernel[(num_tokens if decode else query_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, part_acc, part_m, part_l, part_used, out if counters is None else counters,
+        q, k_cache, v_cache, out, part_acc, part_m, part_l, part_used,
         query_start_loc, seq_lens, block_tables,
         scale * k_scale if logits_soft_cap else scale * k_scale * LOG2E, v_scale, sliding_window or 0,
         logits_soft_cap or 0.0, num_reqs,
@@ -416,10 +350,9 @@ def paged_attention(
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norm_weights is not None, FP8_CACHE=k_cache.dtype in FP8_DTYPES,
-        DECODE=decode, MERGE=counters is not None,
-        MERGE_CHUNK=max(1, min(8, MERGE_ELEMENTS // (group_pad * head_dim))), **launch, **pdl_options(q),
+        DECODE=decode, **launch, **pdl_options(q),
     )
-    if split and counters is None:
+    if split:
         _combine_splits_kernel[(num_tokens, num_heads)](
             out, part_acc, part_m, part_l, part_used, query_start_loc, num_reqs, num_splits,
             out.stride(0), out.stride(1),
