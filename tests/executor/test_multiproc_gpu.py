@@ -16,17 +16,19 @@ pytestmark = [pytest.mark.gpu,
 
 
 def test_tp2_bf16_follows_tp1(small_model_dir: str) -> None:
-    """With CUDA graphs (the all-reduce captured inside). One tensor-parallel engine per process on GPUs."""
+    """With CUDA graphs (the all-reduce captured inside): the prompts together, then each alone (its prefill in a
+    prefill graph). One tensor-parallel engine per process on GPUs."""
     rng = random.Random(0)
     prompts = [[rng.randrange(2, 512) for _ in range(n)] for n in (5, 17, 33, 64, 100, 3, 48, 9)]
 
     def run(tp: int, logprobs: int | None) -> list:
         llm = LLM(small_model_dir, device="cuda", dtype="bfloat16", attention_backend="triton",
-                  max_num_seqs=16, kv_cache_memory=1 << 30, tensor_parallel_size=tp)
+                  max_num_seqs=16, kv_cache_memory=1 << 30, tensor_parallel_size=tp, enable_prefix_caching=False)
         try:
             assert llm.core.executor.worker.runner.step_graphs is not None
             params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=logprobs)
-            return llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            together = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+            return together + [llm.generate([{"prompt_token_ids": p}], params)[0] for p in prompts]
         finally:
             llm.core.shutdown()
 
