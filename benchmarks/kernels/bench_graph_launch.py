@@ -56,7 +56,8 @@ def main() -> None:
     for bs in args.batch_sizes:
         size = graphs.batch_size(bs)
         graph = graphs.graphs[size, size]
-        graphs.buffers.fill(size, size)  # the inputs it was captured on: other graphs' inputs share the buffers
+        # the inputs it was captured on: other graphs' inputs share the buffers
+        graphs.buffers.fill(size, size, graphs.max_model_len)
         _gpu_replay_us(graph, 10)
         idle = _host_replay_us(graph, args.iters, idle=True)
         busy = _host_replay_us(graph, args.iters, idle=False)

@@ -206,11 +206,11 @@ def test_lone_prefill_padded_to_a_graph_token_count():
     assert torch.equal(views.input_ids, ids)
 
 
-def test_capture_inputs_give_every_token_to_a_request():
+def test_capture_inputs_give_tokens_to_requests_up_to_the_longest_context():
     buffers = StepBuffers(32, 8, 8, BLOCK, torch.device("cpu"))
-    for t, b in ((4, 4), (16, 1)):
-        buffers.fill(t, b)
+    for t, b, max_context, last in ((4, 4, 32, 1), (16, 1, 32, 16), (16, 1, 10, 10)):
+        buffers.fill(t, b, max_context)
         views = buffers.views(t, b)
-        assert views.query_start_loc.tolist() == [*range(b), t]
-        assert views.seq_lens.tolist() == [1] * (b - 1) + [t - b + 1]
+        assert views.query_start_loc.tolist() == [*range(b), b - 1 + last]
+        assert views.seq_lens.tolist() == [1] * (b - 1) + [last]
         assert views.slot_mapping.tolist() == [-1] * t and views.previous_rows.tolist() == [-1] * b

@@ -46,8 +46,9 @@ class StepGraphs:
         self.backend = backend
         self.buffers = buffers
         self.sizes = capture_sizes(max_num_seqs)
-        self.prefill_sizes = ([t for t in PREFILL_SIZES if t <= buffers.max_tokens]
-                              if backend.supports_prefill_graph else [])
+        # up to the first count that holds a whole context: no step of one request has more tokens
+        sizes = [t for t in PREFILL_SIZES if t <= buffers.max_tokens] if backend.supports_prefill_graph else []
+        self.prefill_sizes = sizes[:bisect.bisect_left(sizes, max_model_len) + 1]
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         self.block_tables = torch.zeros((self.sizes[-1], max_blocks), dtype=torch.int32, device=device)
@@ -103,7 +104,7 @@ class StepGraphs:
         pool = None
         shapes = [(bs, bs) for bs in reversed(self.sizes)] + [(t, 1) for t in reversed(self.prefill_sizes)]
         for t, b in shapes:
-            self.buffers.fill(t, b)
+            self.buffers.fill(t, b, self.max_model_len)
             metadata = self._metadata(t, b, self.buffers.views(t, b).seq_lens.tolist(),
                                       np.zeros((b, self.block_tables.shape[1]), dtype=np.int32))
             self.backend.prepare(metadata)

@@ -82,10 +82,10 @@ class StepBuffers:
                            longs[3 * t + b:3 * t + 2 * b], longs[3 * t + 2 * b:3 * t + 3 * b],
                            ints[3 * b + 1:3 * b + 3], ints[3 * b + 3:])
 
-    def fill(self, tokens: int, reqs: int) -> None:
+    def fill(self, tokens: int, reqs: int, max_context: int) -> None:
         """Inputs a graph of t tokens and b requests can be captured on: requests of one token but the last, which
-        takes the rest, their queries their whole context; nothing written or gathered, no block table copied,
-        greedy."""
+        takes the rest up to max_context tokens (tokens past it belong to no request), their queries their whole
+        context; nothing written or gathered, no block table copied, greedy."""
         views = self.views(tokens, reqs)
         for zeroed in (views.input_ids, views.positions, views.temperature, views.seeds, views.steps,
                        views.table_shape):
@@ -93,7 +93,7 @@ class StepBuffers:
         views.slot_mapping.fill_(-1)
         views.previous_rows.fill_(-1)
         starts = torch.arange(reqs + 1, dtype=torch.int32)
-        starts[-1] = tokens
+        starts[-1] = reqs - 1 + min(tokens - reqs + 1, max_context)
         views.query_start_loc.copy_(starts)
         views.seq_lens.copy_(starts.diff())
 
