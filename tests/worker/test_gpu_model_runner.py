@@ -141,3 +141,16 @@ def test_quantized_prefill_graphs_follow_eager(small_model_dir, quantization):
         assert shapes[-1] == graphs.prefill_size(len(prompt))
         for token_id, x, y in zip(prompt[1:], eager.prompt_logprobs[1:], graphed.prompt_logprobs[1:], strict=True):
             assert abs(x[token_id].logprob - y[token_id].logprob) < 0.5 + 0.05 * abs(x[token_id].logprob)
+
+
+def test_prefill_graph_longer_than_the_context(small_model_dir):
+    """With max_model_len 100 the last prefill graph (128 tokens) is captured with 100 of them a request's, and runs
+    a 97-token prompt: tokens as the CPU's."""
+    prompt = [random.Random(1).randrange(2, SMALL_VOCAB) for _ in range(97)]
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch", max_model_len=100)
+    gpu = LLM(small_model_dir, device="cuda", dtype="float32", attention_backend="triton", max_model_len=100,
+              max_num_seqs=1, kv_cache_memory=1 << 28)
+    assert gpu.core.executor.worker.runner.step_graphs.prefill_sizes[-1] == 128
+    expected = cpu.generate([prompt], params)[0].outputs[0].token_ids
+    assert gpu.generate([prompt], params)[0].outputs[0].token_ids == expected
