@@ -1,6 +1,7 @@
-"""The first kernel of a decode graph: the inputs that come from the device rather than the host copy. Each row
-takes its token from the previous step's samples where it has one there, and the step's block table (packed at
-the width of its longest context) goes into the graph's own table (as wide as the longest possible context)."""
+"""The first kernel of a step graph: the inputs that come from the device rather than the host copy. Each row of a
+decode graph takes its token from the previous step's samples where it has one there, and the step's block table
+(packed at the width of its longest context) goes into the graph's own table (as wide as the longest possible
+context); a prefill graph's one row takes no token here (its pending one is gathered before the replay)."""
 
 from __future__ import annotations
 

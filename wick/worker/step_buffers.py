@@ -46,7 +46,7 @@ class StepBuffers:
     """One buffer, taken to the device by one copy, with sections at offsets that depend only on a step's token
     count t and request count b (padding rows included). As int64: input ids [0, t), positions [t, 2t), slots
     [2t, 3t), the requests' seeds [3t, 3t + b), sampling steps (output tokens before this one) [3t + b, 3t + 2b)
-    and previous rows [3t + 2b, 3t + 3b) (see DecodeInputs). Then as int32, from int32 index 2 (3t + 3b):
+    and previous rows [3t + 2b, 3t + 3b) (see GraphInputs). Then as int32, from int32 index 2 (3t + 3b):
     query_start_loc (b + 1), seq_lens (b), the temperatures' float32 bits (b), the block table's rows and width (2)
     and the table. Then, as int64 again, the gather targets, their sources and the rows that sample. A graph of t
     tokens and b requests (a decode graph: t = b; a prefill graph: one request) is captured on those sections, so
