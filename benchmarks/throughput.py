@@ -6,8 +6,10 @@ without CUDA it runs on the CPU and skips the roofline."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -60,6 +62,24 @@ def run_hf(model_name: str, prompts: list[list[int]], output_lens: list[int]) ->
     return generated / elapsed
 
 
+def kernel_profiler() -> torch.profiler.profile:
+    return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+
+
+def print_kernel_time(profiler: torch.profiler.profile, elapsed: float, rows: int = 25) -> None:
+    """The GPU's busy time by kernel name over the profiled run, largest first, against the run's wall time."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for event in profiler.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            entry = totals[event.name]
+            entry[0] += event.device_time_total
+            entry[1] += 1
+    busy = sum(t for t, _ in totals.values()) / 1e6
+    print(f"GPU kernels: {busy:.2f} s busy of {elapsed:.2f} s ({busy / elapsed:.0%}), {len(totals)} kernel names")
+    for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
+        print(f"  {total / 1e6:7.3f} s {total / 1e6 / busy:6.1%} {count:8d} calls {total / count:9.1f} us  {name[:90]}")
+
+
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
     """The model, workload and engine flags the throughput benchmarks share."""
     parser.add_argument("--model", default="qwen3-0.6b")
@@ -85,7 +105,12 @@ def main() -> None:
     parser.add_argument("--graph-gaps", action="store_true",
                         help="also time the GPU between decode graph replays with CUDA events (one GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
+    parser.add_argument("--profile", action="store_true",
+                        help="run the workload under the torch profiler (GPU only) and print the GPU's time by kernel; "
+                             "the profiler slows the host, so that run's tokens/s is not the engine's")
     args = parser.parse_args()
+    if args.profile and not torch.cuda.is_available():
+        parser.error("--profile times GPU kernels: it needs CUDA")
     print_environment()
 
     llm = LLM(args.model, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
@@ -103,10 +128,12 @@ def main() -> None:
     if gaps is not None:
         gaps.install(llm.core.executor.worker.runner)
     sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
+    profiler = kernel_profiler() if args.profile else contextlib.nullcontext()
     sync()
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    sync()
+    with profiler:
+        outputs = llm.generate(prompts, params)
+        sync()
     elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert generated == sum(output_lens)
@@ -122,6 +149,8 @@ def main() -> None:
             "total_token_throughput": (input_tokens + generated) / elapsed}))
     if gaps is not None:
         gaps.report()
+    if args.profile:
+        print_kernel_time(profiler, elapsed)
     if torch.cuda.is_available():
         bandwidth = copy_bandwidth()
         bound = roofline_seconds(llm, prompts, output_lens, bandwidth)

@@ -51,6 +51,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--splits-sweep", action="store_true")
     parser.add_argument("--config-sweep", action="store_true")
+    parser.add_argument("--mixed-sweep", action="store_true",
+                        help="decode over contexts of mixed lengths (the throughput workload's), every split count and "
+                             "some configs, contexts in random or longest-first order")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench_paged_attention needs a CUDA device")
@@ -63,6 +66,9 @@ def main() -> None:
         return
     if args.config_sweep:
         config_sweep(args)
+        return
+    if args.mixed_sweep:
+        mixed_sweep(args, sms)
         return
 
     print(f"{'decode':>8} {'context':>8} {'splits':>6} {'us':>9} {'GB/s':>8} {'us (no split)':>14} {'GB/s':>8}")
@@ -126,6 +132,39 @@ def config_sweep(args: argparse.Namespace) -> None:
             gbs = kv_bytes(seq_lens, args) / 1e3
             print(f"batch {batch} context {context}: default {times[None]:.1f} us ({gbs / times[None]:.0f} GB/s); "
                   + "; ".join(f"{c} {t:.1f} us ({gbs / t:.0f} GB/s)" for t, c in best))
+            del inputs
+
+
+def mixed_sweep(args: argparse.Namespace, sms: int) -> None:
+    """Decode at batch 8-256 over contexts uniform in [200, 2048] (the 256-request workload's range), timed in
+    CUDA graphs with max_seq_len 4096 (a graph's bound): each split count and a few (keys, warps, stages) configs."""
+    generator = torch.Generator().manual_seed(0)
+    configs = [None, (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3)]
+    for batch in (256, 128, 64, 32, 16, 8):
+        contexts = torch.randint(200, 2049, (batch,), generator=generator).tolist()
+        block_q = tile_config(1, args.num_heads // args.num_kv_heads, args.head_dim)[0]
+        auto = choose_num_splits(num_query_tiles(batch, batch, block_q) * args.num_kv_heads, 4096, sms)
+        gbs = kv_bytes(contexts, args) / 1e3
+        for order, seq_lens in (("random", contexts), ("longest first", sorted(contexts, reverse=True))):
+            inputs = make_inputs([1] * batch, seq_lens, args)
+            scale = inputs[0].shape[-1] ** -0.5
+            out = torch.empty_like(inputs[0])
+            cells = []
+            for splits in sorted({1, 2, 4, 8, auto}):
+                for config in configs:
+                    def run(inputs=inputs, scale=scale, out=out, splits=splits, config=config):
+                        return paged_attention(*inputs, scale, 1, 4096, out=out, num_splits=splits, config=config)
+
+                    try:
+                        run()
+                        us = do_bench_cudagraph(run) * 1e3
+                    except OutOfResources:
+                        continue
+                    cells.append((us, splits, config))
+            default = next(us for us, splits, config in cells if splits == auto and config is None)
+            best = sorted(cells)[:4]
+            print(f"batch {batch} {order} (auto {auto} splits): default {default:.1f} us ({gbs / default:.0f} GB/s); "
+                  + "; ".join(f"{n} splits {c} {us:.1f} us ({gbs / us:.0f} GB/s)" for us, n, c in best), flush=True)
             del inputs
 
 

@@ -25,3 +25,20 @@ def test_decode_inputs_matches_torch(rows, num_reqs, width):
     decode_inputs(ids, previous_rows, samples, table_shape, packed, table)
     assert torch.equal(ids, want_ids) and torch.equal(table, want_table)
     assert (want_table[num_reqs:] == -1).all() and (want_table[:, width:] == -1).all()
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_rows_ranked_longest_context_first(rows):
+    """Ties (many here: lengths from a small range) keep row order; 300 rows take two passes over the lengths."""
+    device = DEVICE
+    g = torch.Generator().manual_seed(rows)
+    seq_lens = torch.randint(1, 20, (rows,), generator=g, dtype=torch.int32).to(device)
+    samples, previous_rows = torch.zeros(rows, dtype=torch.int64, device=device), torch.full((rows,), -1, device=device)
+    table_shape = torch.zeros(2, dtype=torch.int32, device=device)
+    table, packed = torch.zeros((rows, 1), dtype=torch.int32, device=device), table_shape
+    order, want = (torch.full((rows,), -1, dtype=torch.int32, device=device) for _ in range(2))
+    decode_inputs(samples.clone(), previous_rows, samples, table_shape, packed, table, seq_lens, order)
+    decode_inputs_torch(samples.clone(), previous_rows, samples, table_shape, packed, table, seq_lens, want)
+    assert torch.equal(order, want)
+    ranked = seq_lens[order.long()]
+    assert (ranked[:-1] >= ranked[1:]).all() and sorted(order.tolist()) == list(range(rows))

@@ -1,8 +1,8 @@
-"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k) and its combine, RMSNorm, the
-sampler's draw, the fused MoE GEMM and moe_align's kernels compiled for an H100 (sm_90) by Triton's own compiler, on any
-machine: what the interpreter (the CPU tests' way of running them) does not check, such as the shapes a compiled
-kernel must keep and where it waits for the kernel before it. The compiler runs in a child process, since this
-folder's kernels are imported interpreted (conftest.py)."""
+"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k, and taking its requests in an
+order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM and moe_align's kernels compiled for an H100
+(sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not
+check, such as the shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs
+in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -34,13 +34,15 @@ VARIANTS = {
         "wick.kernels.paged_attention:_paged_attention_kernel",
         {"q_ptr": "*bf16", "k_cache_ptr": f"*{cache}", "v_cache_ptr": f"*{cache}", "out_ptr": "*bf16",
          "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_used_ptr": "*i32",
-         "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "qk_scale": "fp32",
+         "query_start_loc_ptr": "*i32", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "order_ptr": "*i32",
+         "qk_scale": "fp32",
          "v_scale": "fp32", "soft_cap": "fp32", "new_k_ptr": "*bf16", "new_v_ptr": "*bf16", "slot_mapping_ptr": "*i64",
          "cos_sin_ptr": "*fp32", "q_norm_ptr": "*bf16", "k_norm_ptr": "*bf16", "norm_eps": "fp32",
          "k_inv_scale": "fp32", "v_inv_scale": "fp32"},
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
          "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32",
-         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "DECODE": decode, "PDL": 2})
+         "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "DECODE": decode, "ORDERED": rope,
+         "PDL": 2})
        for rope, cache, decode in ((False, "bf16", False), (False, "bf16", True), (True, "bf16", True),
                                    (True, "fp8e4nv", True))},
     **{f"split attention's combine, decode {decode}": (

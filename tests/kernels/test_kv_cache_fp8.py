@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write, kv_cache_write_ref
-from wick.kernels.paged_attention import paged_attention, paged_attention_ref
+from wick.kernels.paged_attention import paged_attention
+from wick.kernels.paged_attention_ref import paged_attention_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FP8 = torch.float8_e4m3fn

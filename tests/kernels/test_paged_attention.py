@@ -8,8 +8,10 @@ from typing import NamedTuple
 import pytest
 import torch
 
+from wick.kernels import paged_attention as paged_attention_module
 from wick.kernels.kv_cache_write import KVCacheTarget
-from wick.kernels.paged_attention import choose_num_splits, paged_attention, paged_attention_ref
+from wick.kernels.paged_attention import choose_num_splits, paged_attention
+from wick.kernels.paged_attention_ref import paged_attention_ref
 from wick.kernels.rotary import rotary_embedding
 from wick.layers.rotary import RopeInputs, get_rope
 
@@ -52,11 +54,12 @@ def make_batch(seq_lens: list[int], query_lens: list[int], num_heads: int, num_k
 def check(seq_lens: list[int], query_lens: list[int], num_heads: int = 4, num_kv_heads: int = 2, head_dim: int = 16,
           block_size: int = 4, dtype: torch.dtype = torch.float32, num_splits: int | None = None,
           device: str = DEVICE, sliding_window: int | None = None, soft_cap: float | None = None,
-          config: tuple[int, int, int] | None = None) -> None:
+          config: tuple[int, int, int] | None = None, order: list[int] | None = None) -> None:
     batch = make_batch(seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, device=device)
     scale = head_dim**-0.5
     out = paged_attention(*batch, scale, max(query_lens), max(seq_lens), num_splits=num_splits,
-                          sliding_window=sliding_window, logits_soft_cap=soft_cap, config=config)
+                          sliding_window=sliding_window, logits_soft_cap=soft_cap, config=config,
+                          order=None if order is None else torch.tensor(order, dtype=torch.int32, device=device))
     expected = paged_attention_ref(*batch, scale, sliding_window, soft_cap)
     assert out.dtype == dtype
     torch.testing.assert_close(out, expected, atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
@@ -91,6 +94,28 @@ def test_group_not_a_power_of_two() -> None:
 @pytest.mark.parametrize("shape", [MIXED, DECODE], ids=["mixed", "decode"])
 def test_split_kv(shape: tuple[list[int], list[int]], num_splits: int) -> None:
     check(*shape, num_heads=8, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_large_decode_takes_its_requests_in_order(monkeypatch: pytest.MonkeyPatch, num_splits: int) -> None:
+    monkeypatch.setattr(paged_attention_module, "LARGE_DECODE", 4)
+    check(*DECODE, num_heads=4, head_dim=32, block_size=16, dtype=torch.float16, num_splits=num_splits,
+          order=[3, 1, 2, 0])
+
+
+@pytest.mark.parametrize(("rows", "written"), [(4, [2]), (3, [0, 1, 2])])
+def test_order_names_the_requests_a_large_decode_attends(monkeypatch: pytest.MonkeyPatch, rows: int,
+                                                          written: list[int]) -> None:
+    """Every program given request 2: only its row is written. Below LARGE_DECODE rows the order is not read."""
+    monkeypatch.setattr(paged_attention_module, "LARGE_DECODE", 4)
+    batch = make_batch(DECODE[0][:rows], [1] * rows, num_heads=4, num_kv_heads=2, head_dim=16, block_size=4,
+                       dtype=torch.float32)
+    out = torch.full_like(batch.q, 7.0)
+    paged_attention(*batch, 0.25, 1, max(DECODE[0]), out=out,
+                    order=torch.full((rows,), 2, dtype=torch.int32, device=DEVICE))
+    expected = paged_attention_ref(*batch, 0.25)
+    assert [i for i in range(rows) if not (out[i] == 7.0).all()] == written
+    torch.testing.assert_close(out[written], expected[written], atol=2e-5, rtol=2e-5)
 
 
 def test_splits_without_keys_never_reach_the_result(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,6 +181,16 @@ def test_split_choice() -> None:
     assert choose_num_splits(num_programs=1, max_seq_len=1 << 20, num_sms=sms) == 64
 
 
+def test_a_decode_step_counts_a_program_per_request_and_kv_head(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not per query tile: 8 requests of one query are 8 programs a KV head (tiles of 8 rows would count 9)."""
+    counted = []
+    choose = paged_attention_module.choose_num_splits
+    monkeypatch.setattr(paged_attention_module, "choose_num_splits",
+                        lambda programs, *args: counted.append(programs) or choose(programs, *args))
+    check([5, 9, 1, 16, 17, 40, 3, 8], [1] * 8, num_heads=4, head_dim=16)
+    assert counted == [16]
+
+
 def exact_rotation(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, weight: torch.Tensor | None,
                    eps: float = 1e-6) -> torch.Tensor:
     """x [T, heads, D] RMS-normalized by weight (if given) and rotated by halves at positions, in float64."""
@@ -170,29 +205,34 @@ def exact_rotation(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tens
 
 def check_rotating(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                    cache_dtype: torch.dtype | None = None, norms: bool = False, num_splits: int | None = None,
-                   sliding_window: int | None = None, device: str = DEVICE) -> None:
+                   sliding_window: int | None = None, device: str = DEVICE, order: list[int] | None = None) -> None:
     """A decode step whose q and k come unrotated (views of one QKV row, as the projection leaves them): the kernel
     rotating them and writing the new K/V itself against the rotary kernel writing the cache, then the kernel. A
     request of one token has slot -1, as a CUDA graph's padding rows (nothing is written for it); the last token
-    belongs to no request. Same caches, same attention."""
-    batch = make_batch(seq_lens, [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, 16, dtype, pad_tokens=1,
+    belongs to no request, unless the requests come in an order (a decode graph's step: a token a request). Same
+    caches, same attention."""
+    pad = 0 if order else 1
+    batch = make_batch(seq_lens, [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, 16, dtype, pad_tokens=pad,
                        device=device)
     k_cache, v_cache = batch.k_cache, batch.v_cache
     if cache_dtype is not None:
         k_cache, v_cache = (torch.nan_to_num(c).to(cache_dtype) for c in (k_cache, v_cache))
-    num_tokens = len(seq_lens) + 1
+    num_tokens = len(seq_lens) + pad
     qkv = torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, dtype=dtype, device=device) * 2
     q, k, v = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    positions = torch.tensor([*seq_lens, 1], device=device) - 1
+    positions = torch.tensor([*seq_lens, 1][:num_tokens], device=device) - 1
     tables = batch.block_tables.long()
-    slots = tables[torch.arange(len(seq_lens), device=device), positions[:-1] // 16] * 16 + positions[:-1] % 16
-    slots = torch.cat([slots.masked_fill(batch.seq_lens == 1, -1), slots.new_full((1,), -1)])
+    positions = positions[:len(seq_lens)]
+    slots = tables[torch.arange(len(seq_lens), device=device), positions // 16] * 16 + positions % 16
+    slots = torch.cat([slots.masked_fill(batch.seq_lens == 1, -1), slots.new_full((pad,), -1)])
+    positions = torch.cat([positions, positions.new_zeros(pad)])
     cos_sin = get_rope(head_dim, max(seq_lens), 10000.0).to(device).cos_sin_cache
     weights = tuple(torch.rand(head_dim, dtype=dtype, device=device) + 0.5 for _ in range(2)) if norms else None
     scale = head_dim**-0.5
     k_scale, v_scale = (0.5, 0.25) if cache_dtype is not None else (1.0, 1.0)
     args = (batch.query_start_loc, batch.seq_lens, batch.block_tables, scale, 1, max(seq_lens))
-    options = dict(num_splits=num_splits, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale)
+    options = dict(num_splits=num_splits, sliding_window=sliding_window, k_scale=k_scale, v_scale=v_scale,
+                   order=None if order is None else torch.tensor(order, dtype=torch.int32, device=device))
     caches = (k_cache.clone(), v_cache.clone())
     rotated_q, _ = rotary_embedding(positions, q, k, cos_sin, weights, 1e-6, v,
                                     KVCacheTarget(*caches, slots, k_scale, v_scale))
@@ -215,13 +255,20 @@ def check_rotating(seq_lens: list[int], num_heads: int, num_kv_heads: int, head_
     for ours, theirs in zip((k_cache, v_cache), caches, strict=True):  # nothing else written
         ours[written // 16, written % 16] = theirs[written // 16, written % 16]
         assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8))
-    torch.testing.assert_close(out[:-1], expected[:-1], atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
+    torch.testing.assert_close(out[:len(seq_lens)], expected[:len(seq_lens)], atol=TOLERANCE[dtype],
+                               rtol=TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize(("dtype", "norms"), [(torch.float32, False), (torch.float16, True)])
 def test_decode_rotating_q_and_k(dtype: torch.dtype, norms: bool, num_splits: int) -> None:
     check_rotating([1, 16, 17, 40, 33], 4, 2, 32, dtype, norms=norms, num_splits=num_splits)
+
+
+def test_large_decode_rotating_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode graph's step: a token a request, taken longest context first; each program writes its request's k."""
+    monkeypatch.setattr(paged_attention_module, "LARGE_DECODE", 4)
+    check_rotating([1, 16, 17, 40, 33], 4, 2, 32, torch.float16, norms=True, num_splits=2, order=[3, 4, 2, 1, 0])
 
 
 def test_decode_rotating_into_fp8_pages_past_a_window() -> None:

@@ -38,6 +38,18 @@ def test_fp32_gpu_greedy_equals_cpu_torch_backend(small_model_dir, enforce_eager
     assert [o.outputs[0].token_ids for o in gpu.generate(_prompts(), params)] == expected
 
 
+def test_large_decode_graphs_greedy_equal_cpu_torch_backend(small_model_dir):
+    """Decode graphs of LARGE_DECODE rows and more, whose attention takes the requests longest context first."""
+    rng = random.Random(1)
+    prompts = [[rng.randrange(2, SMALL_VOCAB) for _ in range(rng.randrange(1, 200))] for _ in range(80)]
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    cpu = LLM(small_model_dir, device="cpu", dtype="float32", attention_backend="torch")
+    expected = [o.outputs[0].token_ids for o in cpu.generate(prompts, params)]
+    gpu = LLM(small_model_dir, device="cuda", dtype="float32", attention_backend="triton", max_num_seqs=96,
+              kv_cache_memory=1 << 30)
+    assert [o.outputs[0].token_ids for o in gpu.generate(prompts, params)] == expected
+
+
 def test_late_release_greedy_equals_cpu_torch_backend(small_model_dir, monkeypatch):
     """Small kernels releasing their successor after their wait (kernels/pdl.py), as models of a hidden size of
     2,048 and more run them, in the decode graphs."""

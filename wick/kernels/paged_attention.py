@@ -18,14 +18,13 @@ in a CUDA graph as long as those stay fixed between capture and replay (see page
 from __future__ import annotations
 
 import functools
-import math
 from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.kv_cache_write import FP8_DTYPES, as_storable, to_cache_values
+from wick.kernels.kv_cache_write import FP8_DTYPES, to_cache_values
 from wick.kernels.pdl import pdl_options, pdl_prologue
 from wick.kernels.rotary import rotated_rows
 
@@ -38,6 +37,11 @@ LOG2E = 1.4426950408889634
 # 256 keys on (bench_paged_attention.py --splits-sweep); below 64 keys a split is less than one key tile.
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
+# A decode step of at least this many rows is several waves of programs: it takes its requests longest context first
+# (the short ones fill the last wave) and pipelines two key tiles, not three. Qwen3-0.6B's heads on an H200, contexts
+# uniform in [200, 2048] (bench_paged_attention.py --mixed-sweep): 293.8 -> 272.3 us at batch 256, 162.0 -> 152.4 at
+# 128, 88.3 -> 82.6 at 64; at batch 32 neither paid.
+LARGE_DECODE = 64
 
 
 @triton.jit
@@ -89,7 +93,7 @@ def _attend_tile(
 @triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr,
-    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, order_ptr,
     qk_scale, v_scale, window, soft_cap, num_reqs,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, stride_bt,
@@ -98,10 +102,12 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, DECODE: tl.constexpr, PDL: tl.constexpr,
+    ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, DECODE: tl.constexpr, ORDERED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """DECODE: every request has one query, row i of q being request i's (a decode step): no lookup of the program's
-    request in query_start_loc, two dependent loads fewer before the keys.
+    request in query_start_loc, two dependent loads fewer before the keys. ORDERED (decode only): program i takes
+    request order[i].
 
     ROPE (decode steps only: one query a request): q and the new k arrive as the QKV projection left them (new_k,
     new_v: the step's k and v); each program rotates its query heads (RMS-normalized first where QK_NORM) at their
@@ -114,8 +120,11 @@ def _paged_attention_kernel(
     num_splits = tl.num_programs(2)
 
     if DECODE:  # request i is query row i: nothing to look up
-        req = pid
-        q_start = pid
+        if ORDERED:
+            req = tl.load(order_ptr + pid)
+        else:
+            req = pid
+        q_start = req
         q_len = 1
         q_first = 0
     else:
@@ -283,6 +292,7 @@ def paged_attention(
     config: tuple[int, int, int] | None = None,
     rope: RopeInputs | None = None,
     new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal paged attention of a packed batch of queries over their requests' cached keys/values.
 
@@ -307,6 +317,9 @@ def paged_attention(
     are not rotated yet, nor k and v written: the kernel rotates q and k as the rotary kernel would (each head
     RMS-normalized first where rope has norm weights), and writes the rotated k and v into contiguous caches at
     slot_mapping (slots < 0 are not written), as the rotary kernel writing the cache would have.
+
+    order (int32 [num_reqs], a permutation of the requests, longest context first): the order in which a decode step
+    of at least LARGE_DECODE rows takes its requests; other steps ignore it.
     """
     num_tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -322,11 +335,12 @@ def paged_attention(
     rope_args = _rope_args(rope, new_kv, q, k_cache, v_cache, max_query_len, k_scale, v_scale)
     group = num_heads // num_kv_heads
     block_q, group_pad, block_n = tile_config(max_query_len, group, head_dim)
-    launch = {"num_warps": 4}
+    decode = max_query_len == 1 and num_tokens == num_reqs
+    large_decode = decode and num_tokens >= LARGE_DECODE
+    launch = {"num_warps": 4, "num_stages": 2} if large_decode else {"num_warps": 4}
     if config is not None:
         block_n, launch["num_warps"], launch["num_stages"] = config
-    decode = max_query_len == 1 and num_tokens == num_reqs
-    query_tiles = num_query_tiles(num_tokens, num_reqs, block_q)
+    query_tiles = num_tokens if decode else num_query_tiles(num_tokens, num_reqs, block_q)
     if num_splits is None:
         num_splits = choose_num_splits(query_tiles * num_kv_heads, max_seq_len, _num_sms(q.device))
     split = num_splits > 1
@@ -337,9 +351,10 @@ def paged_attention(
         part_used = torch.empty(num_tokens, num_heads, dtype=torch.int32, device=q.device)
     else:
         part_acc = part_m = part_l = part_used = out
-    _paged_attention_kernel[(num_tokens if decode else query_tiles, num_kv_heads, num_splits)](
+    ordered = large_decode and order is not None
+    _paged_attention_kernel[(query_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, part_acc, part_m, part_l, part_used,
-        query_start_loc, seq_lens, block_tables,
+        query_start_loc, seq_lens, block_tables, order if ordered else seq_lens,
         scale * k_scale if logits_soft_cap else scale * k_scale * LOG2E, v_scale, sliding_window or 0,
         logits_soft_cap or 0.0, num_reqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
@@ -350,7 +365,7 @@ def paged_attention(
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norm_weights is not None, FP8_CACHE=k_cache.dtype in FP8_DTYPES,
-        DECODE=decode, **launch, **pdl_options(q),
+        DECODE=decode, ORDERED=ordered, **launch, **pdl_options(q),
     )
     if split:
         _combine_splits_kernel[(num_tokens, num_heads)](
@@ -377,40 +392,3 @@ def _rope_args(rope: RopeInputs | None, new_kv: tuple[torch.Tensor, torch.Tensor
     q_norm, k_norm = rope.norm_weights or (rope.cos_sin_cache, rope.cos_sin_cache)
     return (k, v, slot_mapping, rope.cos_sin_cache, q_norm, k_norm, rope.eps, 1.0 / k_scale,
             1.0 / v_scale, k.stride(0), k.stride(1), v.stride(0), v.stride(1), rope.cos_sin_cache.stride(0))
-
-
-def paged_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    scale: float,
-    sliding_window: int | None = None,
-    logits_soft_cap: float | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> torch.Tensor:
-    """Pure-torch reference of paged_attention, in fp32, one request at a time; other rows are zero."""
-    _, block_size, num_kv_heads, _ = k_cache.shape
-    group = q.shape[1] // num_kv_heads
-    out = torch.zeros_like(q)
-    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
-    for i, seq_len in enumerate(lens):
-        start, end = starts[i], starts[i + 1]
-        pages = block_tables[i, : math.ceil(seq_len / block_size)].long()
-        keys, values = (as_storable(c)[pages].flatten(0, 1)[:seq_len].view(c.dtype).float()
-                        .repeat_interleave(group, dim=1) * c_scale
-                        for c, c_scale in ((k_cache, k_scale), (v_cache, v_scale)))
-        scores = torch.einsum("qhd,khd->hqk", q[start:end].float(), keys) * scale
-        query_pos = torch.arange(seq_len - (end - start), seq_len, device=q.device)
-        key_pos = torch.arange(seq_len, device=q.device)[None, :]
-        visible = key_pos <= query_pos[:, None]
-        if sliding_window:
-            visible &= key_pos > query_pos[:, None] - sliding_window
-        if logits_soft_cap:
-            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)
-        out[start:end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
-    return out

@@ -31,7 +31,8 @@ def capture_sizes(max_num_seqs: int) -> list[int]:
 
 class StepGraphs:
     """Each graph copies the step's block table into its own (kernels.decode_inputs: a graph reads its own table, as
-    wide as the longest context; a decode graph also takes the previous step's tokens there), runs the forward, the LM
+    wide as the longest context; a decode graph also takes the previous step's tokens there and ranks its requests
+    longest context first, AttentionMetadata.decode_order), runs the forward, the LM
     head over each request's last row and the draw from the rows' temperatures, seeds and steps into the step buffers'
     samples (kernels.sampling.exponential_race), on the step buffers' sections of its shape. A step whose rows need
     more of the sampler (filters, penalties, logprobs, grammar) samples the graph's logits eagerly instead.
@@ -52,6 +53,7 @@ class StepGraphs:
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
         self.block_tables = torch.zeros((self.sizes[-1], max_blocks), dtype=torch.int32, device=device)
+        self.decode_order = torch.zeros(self.sizes[-1], dtype=torch.int32, device=device)
         # One logits buffer that every graph writes its rows into (graphs keep their outputs alive, and logits
         # per batch size would hold sum(sizes) rows of the vocabulary); made by the first warm-up, the largest.
         self.logits: torch.Tensor | None = None
@@ -80,7 +82,7 @@ class StepGraphs:
             slot_mapping=views.slot_mapping, query_start_loc=views.query_start_loc, seq_lens=views.seq_lens,
             block_tables=self.block_tables[:b], max_query_len=t - b + 1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=[*range(b), t], seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu,
-            cuda_graph=True)
+            cuda_graph=True, decode_order=self.decode_order[:b] if t == b else None)
 
     def _forward(self, t: int, b: int) -> torch.Tensor:
         # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
@@ -89,7 +91,7 @@ class StepGraphs:
 
         views, samples = self.buffers.views(t, b), self.buffers.samples
         decode_inputs(views.input_ids[:b], views.previous_rows, samples, views.table_shape, views.packed_table,
-                      self.block_tables)
+                      self.block_tables, *((views.seq_lens, self.decode_order[:b]) if t == b else ()))
         hidden = self.model(views.input_ids, views.positions)
         last = hidden if t == b else hidden.index_select(0, views.query_start_loc[1:].long() - 1)
         logits = self.model.compute_logits(last)

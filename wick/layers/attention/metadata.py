@@ -36,6 +36,9 @@ class AttentionMetadata:
     block_tables_cpu: np.ndarray | list[list[int]] | None = None
     # A step that StepGraphs captures or replays, padded up to a captured shape.
     cuda_graph: bool = False
+    # A decode graph's requests longest context first ([num_reqs] int32, ranked on the device by the graph's first
+    # kernel): the order in which a backend may take them.
+    decode_order: torch.Tensor | None = None
 
     @property
     def num_reqs(self) -> int:

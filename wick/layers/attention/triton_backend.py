@@ -50,7 +50,8 @@ class TritonAttentionBackend(AttentionBackend):
                               out=torch.zeros_like(q) if prefill_graph else None,
                               sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                               k_scale=k_scale, v_scale=v_scale, rope=rope,
-                              new_kv=None if rope is None else (k, v, metadata.slot_mapping))
+                              new_kv=None if rope is None else (k, v, metadata.slot_mapping),
+                              order=metadata.decode_order)
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         if num_request_tokens < q.shape[0]:
             out[num_request_tokens:].zero_()  # tokens of no request, left unwritten by the kernel
