@@ -1,8 +1,9 @@
 """The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k, and taking its requests in an
-order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM and moe_align's kernels compiled for an H100
-(sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not
-check, such as the shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs
-in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
+order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM (also with B's tiles by TMA) and moe_align's
+kernels compiled for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests'
+way of running them) does not check, such as the shapes a compiled kernel must keep and where it waits for the
+kernel before it. The compiler runs in a child process, since this folder's kernels are imported interpreted
+(conftest.py)."""
 
 from __future__ import annotations
 
@@ -72,12 +73,14 @@ VARIANTS = {
         {"BLOCK": 1024}),
     **{f"fused moe gemm, {name}": (
         "wick.kernels.fused_moe:_moe_gemm_kernel",
-        {"a_ptr": "*bf16", "b_ptr": "*bf16", "c_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ids_ptr": "*i32",
-         "block_expert_ptr": "*i32", "num_padded_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"},
+        {"a_ptr": "*bf16", "b_ptr": "*bf16", "b_desc": "tensordesc<bf16[128, 64]>" if tma else "*bf16",
+         "c_ptr": "*bf16", "weights_ptr": "*fp32", "sorted_ids_ptr": "*i32", "block_expert_ptr": "*i32",
+         "num_padded_ptr": "*i32", "s_ptr": "*fp32", "z_ptr": "*fp32"},
         {"A_ROW_DIV": 8, "GATED": gated, "MUL_WEIGHT": not gated, "DIRECT": False, "SCALING": "none", "SCALE_N": 1,
-         "SCALE_K": 1, "BITS": 0, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": group, "TAIL_M": tail,
-         "DOT_PRECISION": "tf32"})
-       for name, gated, group, tail in (("gated, tail", True, 1, 32), ("down, no tail", False, 0, 0))},
+         "SCALE_K": 1, "BITS": 0, "TMA": tma, "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": group,
+         "TAIL_M": tail, "DOT_PRECISION": "tf32"})
+       for name, gated, group, tail, tma in (("gated, tail", True, 1, 32, False), ("down, no tail", False, 0, 0, False),
+                                             ("gated, tail, tma", True, 1, 32, True))},
     **{f"moe align {kernel}": (
         f"wick.kernels.moe_align:{kernel}",
         {arg: "*i32" for arg in ("ids_ptr", "counts_ptr", "rank_ptr", "offsets_ptr", "starts_ptr", "block_expert_ptr",

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from wick.kernels.moe_align import moe_align
 from wick.kernels.wna16_matmul import load_unpacked
@@ -48,12 +49,15 @@ class GroupScales(NamedTuple):
 
 
 @triton.jit
-def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0, K, stride_sn, stride_sk, dtype,
-            SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, PER_STEP: tl.constexpr, BITS: tl.constexpr,
-            BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+def _b_tile(b_base, b_desc, desc_row, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0, K, stride_sn,
+            stride_sk, dtype, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, PER_STEP: tl.constexpr, BITS: tl.constexpr,
+            TMA: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
     """B's [BLOCK_K, BLOCK_N] tile of rows `rows` in `dtype` (BITS: unpacked from words of 32 / BITS values along K,
-    less their zero points), and the scale of each of its rows for this step (1 unless PER_STEP)."""
-    if BITS:
+    less their zero points; TMA: rows desc_row on of b_desc, by the tensor memory accelerator), and the scale of each
+    of its rows for this step (1 unless PER_STEP)."""
+    if TMA:
+        b = tl.trans(b_desc.load([desc_row, k0])).to(dtype)
+    elif BITS:
         q = load_unpacked(b_base, k0, rows, row_ok, stride_bk, stride_bn, K, BITS, BLOCK_K, BLOCK_N)
         zero = tl.load(z_base + (rows // SCALE_N) * stride_sn + (k0 // SCALE_K) * stride_sk, mask=row_ok, other=0.0)
         b = (q.to(tl.float32) - zero.to(tl.float32)[None, :]).to(dtype)  # integers of at most 9 bits: exact
@@ -68,13 +72,13 @@ def _b_tile(b_base, rows, row_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base
 
 
 @triton.jit
-def _pairs_tile(a_ptr, b_base, c_ptr, weights_ptr, s_base, z_base, pairs, valid, pid_n, N, K,
+def _pairs_tile(a_ptr, b_base, b_desc, b_row, c_ptr, weights_ptr, s_base, z_base, pairs, valid, pid_n, N, K,
                 stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn, stride_sn, stride_sk,
                 A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, SCALING: tl.constexpr,
-                SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """The output tile of the pairs `pairs` (valid where `valid`), all of one expert (B at b_base), and the columns
-    of column tile pid_n."""
+                SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr, TMA: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """The output tile of the pairs `pairs` (valid where `valid`), all of one expert (B at b_base; with TMA its first
+    row is row b_row of b_desc), and the columns of column tile pid_n."""
     a_rows = pairs // A_ROW_DIV
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
@@ -86,16 +90,17 @@ def _pairs_tile(a_ptr, b_base, c_ptr, weights_ptr, s_base, z_base, pairs, valid,
         k_ok = ks < K
         a = tl.load(a_ptr + a_rows[:, None] * stride_am + ks[None, :] * stride_ak,
                     mask=valid[:, None] & k_ok[None, :], other=0.0)
-        b, scale = _b_tile(b_base, cols, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0, K, stride_sn,
-                           stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step", BITS, BLOCK_K, BLOCK_N)
+        b, scale = _b_tile(b_base, b_desc, b_row + pid_n * BLOCK_N, cols, col_ok, ks, k_ok, stride_bn, stride_bk,
+                           s_base, z_base, k0, K, stride_sn, stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step",
+                           BITS, TMA, BLOCK_K, BLOCK_N)
         if SCALING == "step":
             acc += tl.dot(a, b, input_precision=DOT_PRECISION) * scale[None, :]
         else:
             acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         if GATED:
-            b_up, scale_up = _b_tile(b_base, cols + N, col_ok, ks, k_ok, stride_bn, stride_bk, s_base, z_base, k0, K,
-                                     stride_sn, stride_sk, a.dtype, SCALE_N, SCALE_K, SCALING == "step", BITS, BLOCK_K,
-                                     BLOCK_N)
+            b_up, scale_up = _b_tile(b_base, b_desc, b_row + N + pid_n * BLOCK_N, cols + N, col_ok, ks, k_ok,
+                                     stride_bn, stride_bk, s_base, z_base, k0, K, stride_sn, stride_sk, a.dtype,
+                                     SCALE_N, SCALE_K, SCALING == "step", BITS, TMA, BLOCK_K, BLOCK_N)
             if SCALING == "step":
                 acc_up += tl.dot(a, b_up, input_precision=DOT_PRECISION) * scale_up[None, :]
             else:
@@ -114,11 +119,11 @@ def _pairs_tile(a_ptr, b_base, c_ptr, weights_ptr, s_base, z_base, pairs, valid,
 
 @triton.jit(do_not_specialize=["num_pairs", "num_tiles_m"])
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr, z_ptr,
+    a_ptr, b_ptr, b_desc, c_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, num_padded_ptr, s_ptr, z_ptr,
     N, K, num_pairs, num_tiles_m,
     stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn, stride_se, stride_sn, stride_sk,
     A_ROW_DIV: tl.constexpr, GATED: tl.constexpr, MUL_WEIGHT: tl.constexpr, DIRECT: tl.constexpr,
-    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr,
+    SCALING: tl.constexpr, SCALE_N: tl.constexpr, SCALE_K: tl.constexpr, BITS: tl.constexpr, TMA: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     TAIL_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
@@ -128,7 +133,8 @@ def _moe_gemm_kernel(
     "step": B is fp8 with scales s over [SCALE_N, SCALE_K] tiles, one a row of K ("row": SCALE_K >= K) or one a
     BLOCK_K step ("step": BLOCK_K divides SCALE_K). BITS (4 or 8; 0: B is float): B [E, K / (32 / BITS), N] int32
     with scales s and zero points z [E, ceil(K / SCALE_K), N] (SCALE_N 1, z strided as s), the strides of B's N and
-    K those of its columns and words. The grid is one-dimensional over num_tiles_m x cdiv(N, BLOCK_N) tiles, taken
+    K those of its columns and words. TMA (float B, contiguous): B's tiles come through b_desc, B as [E * rows, K].
+    The grid is one-dimensional over num_tiles_m x cdiv(N, BLOCK_N) tiles, taken
     GROUP_M row tiles at a time, every column tile of a group's rows before the next group (GROUP_M 0: every row
     tile of a column before the next column). TAIL_M (0: none): a row tile with no more than TAIL_M pairs (the last of
     an expert's run, mostly padding) multiplies only its first TAIL_M rows."""
@@ -147,12 +153,12 @@ def _moe_gemm_kernel(
     b_base = b_ptr + expert * stride_be
     s_base = s_ptr + expert * stride_se
     z_base = z_ptr + expert * stride_se
-    args = (a_ptr, b_base, c_ptr, weights_ptr, s_base, z_base)
+    args = (a_ptr, b_base, b_desc, (expert * (stride_be // stride_bn)).to(tl.int32), c_ptr, weights_ptr, s_base, z_base)
     strides = (stride_am, stride_ak, stride_bn, stride_bk, stride_cm, stride_cn, stride_sn, stride_sk)
     if DIRECT:
         pairs = pid_m + tl.zeros([BLOCK_M], dtype=tl.int64)
         _pairs_tile(*args, pairs, tl.arange(0, BLOCK_M) == 0, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
-                    SCALING, SCALE_N, SCALE_K, BITS, BLOCK_N, BLOCK_K, DOT_PRECISION)
+                    SCALING, SCALE_N, SCALE_K, BITS, TMA, BLOCK_N, BLOCK_K, DOT_PRECISION)
     else:
         if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
             return
@@ -160,11 +166,11 @@ def _moe_gemm_kernel(
         if TAIL_M > 0 and tl.load(first + TAIL_M) >= num_pairs:  # a tile's pairs come before its padding
             tail = tl.load(first + tl.arange(0, TAIL_M)).to(tl.int64)
             _pairs_tile(*args, tail, tail < num_pairs, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
-                        SCALING, SCALE_N, SCALE_K, BITS, BLOCK_N, BLOCK_K, DOT_PRECISION)
+                        SCALING, SCALE_N, SCALE_K, BITS, TMA, BLOCK_N, BLOCK_K, DOT_PRECISION)
         else:
             pairs = tl.load(first + tl.arange(0, BLOCK_M)).to(tl.int64)
             _pairs_tile(*args, pairs, pairs < num_pairs, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
-                        SCALING, SCALE_N, SCALE_K, BITS, BLOCK_N, BLOCK_K, DOT_PRECISION)
+                        SCALING, SCALE_N, SCALE_K, BITS, TMA, BLOCK_N, BLOCK_K, DOT_PRECISION)
 
 
 @triton.jit
@@ -297,6 +303,12 @@ def expert_kind(scales: WeightScales | GroupScales | None, k: int) -> str:
     return "fp8" if scales[1][1] >= k else "fp8_block"
 
 
+def _has_tma(device: torch.device) -> bool:
+    """Whether B's tiles can come by the tensor memory accelerator: Hopper and later (the interpreter on the CPU
+    runs the same path)."""
+    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
+
+
 def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScales | None, out: torch.Tensor,
               weights: torch.Tensor, layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor], num_pairs: int,
               a_row_div: int, gated: bool, direct: bool, tile: MoeTile) -> None:
@@ -319,12 +331,14 @@ def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScale
     scaling, scale_n, scale_k, block_k = _scaling(scales, k, block_k)
     sorted_ids, block_expert, num_padded = layout
     tiles_m = block_expert.shape[0]
+    tma = scales is None and not direct and b.is_contiguous() and _has_tma(b.device)
+    b_desc = TensorDescriptor.from_tensor(b.view(-1, k), [block_n, block_k]) if tma else b
     _moe_gemm_kernel[(tiles_m * triton.cdiv(n, block_n),)](
-        a, b, out, weights, sorted_ids, block_expert, num_padded, s, z,
+        a, b, b_desc, out, weights, sorted_ids, block_expert, num_padded, s, z,
         n, k, num_pairs, tiles_m,
         a.stride(0), a.stride(1), *b_strides, out.stride(0), out.stride(1), *s_strides,
         A_ROW_DIV=a_row_div, GATED=gated, MUL_WEIGHT=not gated, DIRECT=direct,
-        SCALING=scaling, SCALE_N=scale_n, SCALE_K=scale_k, BITS=bits,
+        SCALING=scaling, SCALE_N=scale_n, SCALE_K=scale_k, BITS=bits, TMA=tma,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, TAIL_M=0 if direct else tail_m,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
     )
