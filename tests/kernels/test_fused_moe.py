@@ -38,6 +38,20 @@ def test_matches_reference_fp32(num_tokens: int, num_experts: int, top_k: int) -
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize(("hidden", "descriptors"), [(32, 2), (30, 1)])
+def test_b_tiles_by_tma_where_expert_rows_start_at_16_bytes(monkeypatch: pytest.MonkeyPatch, hidden: int,
+                                                            descriptors: int) -> None:
+    """fp32 experts over K = 30 (rows of 120 bytes) take the gate/up GEMM's B by pointers, the down GEMM's (K 48) by a
+    tensor descriptor; both by descriptors over K = 32. The same result either way."""
+    made = []
+    from_tensor = fused_moe.TensorDescriptor.from_tensor
+    monkeypatch.setattr(fused_moe.TensorDescriptor, "from_tensor",
+                        staticmethod(lambda *args, **kwargs: made.append(1) or from_tensor(*args, **kwargs)))
+    case = make_case(40, 6, 2, hidden=hidden, inter=48, dtype=torch.float32)
+    torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
+    assert len(made) == (descriptors if fused_moe._has_tma(case[0].device) else 0)
+
+
 @pytest.mark.parametrize("direct_max_pairs", [0, 1 << 20])
 def test_direct_and_sorted_tiles_match_reference(monkeypatch: pytest.MonkeyPatch, direct_max_pairs: int) -> None:
     """Both tilings on one case whose tokens share experts: a tile a pair, and pairs sorted by expert."""

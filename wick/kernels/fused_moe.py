@@ -331,7 +331,8 @@ def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScale
     scaling, scale_n, scale_k, block_k = _scaling(scales, k, block_k)
     sorted_ids, block_expert, num_padded = layout
     tiles_m = block_expert.shape[0]
-    tma = scales is None and not direct and b.is_contiguous() and _has_tma(b.device)
+    tma = (scales is None and not direct and b.is_contiguous() and (k * b.element_size()) % 16 == 0
+           and b.data_ptr() % 16 == 0 and _has_tma(b.device))  # a descriptor's rows start at 16-byte bounds
     b_desc = TensorDescriptor.from_tensor(b.view(-1, k), [block_n, block_k]) if tma else b
     _moe_gemm_kernel[(tiles_m * triton.cdiv(n, block_n),)](
         a, b, b_desc, out, weights, sorted_ids, block_expert, num_padded, s, z,
