@@ -67,7 +67,7 @@ def kernel_profiler() -> torch.profiler.profile:
 
 
 def print_kernel_time(profiler: torch.profiler.profile, elapsed: float, rows: int = 25) -> None:
-    """The GPU's busy time by kernel name over the profiled run, largest first, against the run's wall time."""
+    """The GPU's busy time by kernel (and copy) name over the profiled run, largest first, against its wall time."""
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for event in profiler.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
@@ -75,7 +75,7 @@ def print_kernel_time(profiler: torch.profiler.profile, elapsed: float, rows: in
             entry[0] += event.device_time_total
             entry[1] += 1
     busy = sum(t for t, _ in totals.values()) / 1e6
-    print(f"GPU kernels: {busy:.2f} s busy of {elapsed:.2f} s ({busy / elapsed:.0%}), {len(totals)} kernel names")
+    print(f"GPU kernels and copies: {busy:.2f} s busy of {elapsed:.2f} s ({busy / elapsed:.0%}), {len(totals)} names")
     for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
         print(f"  {total / 1e6:7.3f} s {total / 1e6 / busy:6.1%} {count:8d} calls {total / count:9.1f} us  {name[:90]}")
 
@@ -111,6 +111,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.profile and not torch.cuda.is_available():
         parser.error("--profile times GPU kernels: it needs CUDA")
+    if args.profile and args.json is not None:
+        parser.error("--profile slows the run: its figures are not for --json")
     print_environment()
 
     llm = LLM(args.model, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
@@ -134,7 +136,7 @@ def main() -> None:
     with profiler:
         outputs = llm.generate(prompts, params)
         sync()
-    elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert generated == sum(output_lens)
     throughput = generated / elapsed

@@ -16,7 +16,7 @@ from triton.runtime.errors import OutOfResources
 from triton.testing import do_bench, do_bench_cudagraph
 
 from benchmarks.common import print_environment
-from wick.kernels.paged_attention import choose_num_splits, num_query_tiles, paged_attention, tile_config
+from wick.kernels.paged_attention import choose_num_splits, paged_attention
 
 BLOCK_SIZE = 16
 
@@ -60,7 +60,6 @@ def main() -> None:
     print_environment()
     print(f"heads {args.num_heads}/{args.num_kv_heads}, head_dim {args.head_dim}, {args.dtype}, page {BLOCK_SIZE}")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    group = args.num_heads // args.num_kv_heads
     if args.splits_sweep:
         splits_sweep(args)
         return
@@ -76,8 +75,7 @@ def main() -> None:
         for context in (1024, 8192):
             seq_lens = [context] * batch
             inputs = make_inputs([1] * batch, seq_lens, args)
-            block_q = tile_config(1, group, args.head_dim)[0]
-            splits = choose_num_splits(num_query_tiles(batch, batch, block_q) * args.num_kv_heads, context, sms)
+            splits = choose_num_splits(batch * args.num_kv_heads, context, sms)  # decode: a program a request
             auto, single = time_us(inputs, 1, context, None), time_us(inputs, 1, context, 1)
             gbs = kv_bytes(seq_lens, args) / 1e3
             print(f"{batch:>8} {context:>8} {splits:>6} {auto:>9.1f} {gbs / auto:>8.0f} {single:>14.1f} "
@@ -137,13 +135,13 @@ def config_sweep(args: argparse.Namespace) -> None:
 
 def mixed_sweep(args: argparse.Namespace, sms: int) -> None:
     """Decode at batch 8-256 over contexts uniform in [200, 2048] (the 256-request workload's range), timed in
-    CUDA graphs with max_seq_len 4096 (a graph's bound): each split count and a few (keys, warps, stages) configs."""
+    CUDA graphs with max_seq_len 4096 (a graph's bound): each split count and a few (keys, warps, stages) configs.
+    "Longest first" passes the contexts sorted (no `order`: the kernel's own ordering adds one load to this)."""
     generator = torch.Generator().manual_seed(0)
     configs = [None, (128, 4, 2), (64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3)]
     for batch in (256, 128, 64, 32, 16, 8):
         contexts = torch.randint(200, 2049, (batch,), generator=generator).tolist()
-        block_q = tile_config(1, args.num_heads // args.num_kv_heads, args.head_dim)[0]
-        auto = choose_num_splits(num_query_tiles(batch, batch, block_q) * args.num_kv_heads, 4096, sms)
+        auto = choose_num_splits(batch * args.num_kv_heads, 4096, sms)
         gbs = kv_bytes(contexts, args) / 1e3
         for order, seq_lens in (("random", contexts), ("longest first", sorted(contexts, reverse=True))):
             inputs = make_inputs([1] * batch, seq_lens, args)

@@ -38,11 +38,14 @@ def test_matches_reference_fp32(num_tokens: int, num_experts: int, top_k: int) -
     torch.testing.assert_close(fused_experts(*case), fused_experts_ref(*case), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize(("hidden", "descriptors"), [(32, 2), (30, 1)])
-def test_b_tiles_by_tma_where_expert_rows_start_at_16_bytes(monkeypatch: pytest.MonkeyPatch, hidden: int,
+@pytest.mark.parametrize(("hidden", "tma", "descriptors"), [(32, True, 2), (30, True, 1), (32, False, 0)])
+def test_b_tiles_by_tma_where_expert_rows_start_at_16_bytes(monkeypatch: pytest.MonkeyPatch, hidden: int, tma: bool,
                                                             descriptors: int) -> None:
     """fp32 experts over K = 30 (rows of 120 bytes) take the gate/up GEMM's B by pointers, the down GEMM's (K 48) by a
-    tensor descriptor; both by descriptors over K = 32. The same result either way."""
+    tensor descriptor; both by descriptors over K = 32, and both by pointers without TMA (before Hopper). The same
+    result every way."""
+    if not tma:
+        monkeypatch.setattr(fused_moe, "_has_tma", lambda device: False)
     made = []
     from_tensor = fused_moe.TensorDescriptor.from_tensor
     monkeypatch.setattr(fused_moe.TensorDescriptor, "from_tensor",

@@ -1,9 +1,9 @@
 """The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k, and taking its requests in an
-order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM (also with B's tiles by TMA) and moe_align's
-kernels compiled for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests'
-way of running them) does not check, such as the shapes a compiled kernel must keep and where it waits for the
-kernel before it. The compiler runs in a child process, since this folder's kernels are imported interpreted
-(conftest.py)."""
+order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM (also with B's tiles by TMA), the decode
+graphs' first kernel and moe_align's kernels compiled for an H100 (sm_90) by Triton's own compiler, on any machine:
+what the interpreter (the CPU tests' way of running them) does not check, such as the shapes a compiled kernel must
+keep and where it waits for the kernel before it. The compiler runs in a child process, since this folder's kernels
+are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -66,6 +66,11 @@ VARIANTS = {
          **extra})
        for name, kernel, extra in (("q4_k", "_k_q8_gemv_kernel", {"FIFTH_BIT": False}),
                                    ("iq4_xs", "_iq4_xs_q8_gemv_kernel", {}))},
+    "decode inputs, rows ranked": (
+        "wick.kernels.decode_inputs:_decode_inputs_kernel",
+        {"ids_ptr": "*i64", "previous_rows_ptr": "*i64", "samples_ptr": "*i64", "table_shape_ptr": "*i32",
+         "packed_ptr": "*i32", "table_ptr": "*i32", "seq_lens_ptr": "*i32", "order_ptr": "*i32"},
+        {"BLOCK": 256, "ORDER": True}),
     "sampling race, bf16 logits": (
         "wick.kernels.sampling:_race_chunk_kernel",
         {"logits_ptr": "*bf16", "temperature_ptr": "*fp32", "seeds_ptr": "*i64", "steps_ptr": "*i64",

@@ -306,7 +306,7 @@ def expert_kind(scales: WeightScales | GroupScales | None, k: int) -> str:
 def _has_tma(device: torch.device) -> bool:
     """Whether B's tiles can come by the tensor memory accelerator: Hopper and later (the interpreter on the CPU
     runs the same path)."""
-    return device.type == "cpu" or torch.cuda.get_device_capability(device)[0] >= 9
+    return device.type == "cpu" or (torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScales | None, out: torch.Tensor,

@@ -262,7 +262,8 @@ def tile_config(max_query_len: int, group: int, head_dim: int) -> tuple[int, int
 
 
 def num_query_tiles(num_tokens: int, num_reqs: int, block_q: int) -> int:
-    """The grid's first dimension: an upper bound on the query tiles of all requests."""
+    """The grid's first dimension but at decode steps (a program a request there): an upper bound on the query tiles
+    of all requests."""
     return num_tokens if block_q == 1 else num_tokens // block_q + num_reqs
 
 

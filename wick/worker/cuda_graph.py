@@ -82,7 +82,12 @@ class StepGraphs:
             slot_mapping=views.slot_mapping, query_start_loc=views.query_start_loc, seq_lens=views.seq_lens,
             block_tables=self.block_tables[:b], max_query_len=t - b + 1, max_seq_len=self.max_model_len,
             query_start_loc_cpu=[*range(b), t], seq_lens_cpu=seq_lens_cpu, block_tables_cpu=block_tables_cpu,
-            cuda_graph=True, decode_order=self.decode_order[:b] if t == b else None)
+            cuda_graph=True, decode_order=self.decode_order[:b] if self._ranks(t, b) else None)
+
+    def _ranks(self, t: int, b: int) -> bool:
+        """Whether the graph of t tokens and b requests ranks them for its attention: a decode graph large enough."""
+        start = self.backend.decode_order_from
+        return t == b and start is not None and b >= start
 
     def _forward(self, t: int, b: int) -> torch.Tensor:
         # Imported on first use: Triton fixes at import whether it compiles or interprets its kernels.
@@ -91,7 +96,7 @@ class StepGraphs:
 
         views, samples = self.buffers.views(t, b), self.buffers.samples
         decode_inputs(views.input_ids[:b], views.previous_rows, samples, views.table_shape, views.packed_table,
-                      self.block_tables, *((views.seq_lens, self.decode_order[:b]) if t == b else ()))
+                      self.block_tables, *((views.seq_lens, self.decode_order[:b]) if self._ranks(t, b) else ()))
         hidden = self.model(views.input_ids, views.positions)
         last = hidden if t == b else hidden.index_select(0, views.query_start_loc[1:].long() - 1)
         logits = self.model.compute_logits(last)

@@ -27,6 +27,9 @@ class AttentionBackend(ABC):
     # True when forward() takes `rope` at decode steps (max_query_len 1): q and k not yet rotated, nor k and v written,
     # which its kernel then does itself (no rotary kernel runs).
     rotates_at_decode: bool = False
+    # Decode graphs of at least this many rows rank their requests longest context first for forward()
+    # (AttentionMetadata.decode_order); None: it takes no order.
+    decode_order_from: int | None = None
 
     def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A zeroed cache of `shape` ([num_blocks, block_size, Hkv, D]), laid out in memory as this backend

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write
-from wick.kernels.paged_attention import paged_attention
+from wick.kernels.paged_attention import LARGE_DECODE, paged_attention
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
 
@@ -22,6 +22,7 @@ class TritonAttentionBackend(AttentionBackend):
     supports_prefill_graph = True
     caller_writes_kv = True
     rotates_at_decode = True
+    decode_order_from = LARGE_DECODE
 
     def forward(
         self,
