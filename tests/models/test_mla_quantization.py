@@ -4,19 +4,18 @@ serves; quantized weights are refused in one clear error (MLA reads kv_b_proj as
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
 from hf_configs import hf_configs, hf_model
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerBase
 
 from wick import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def deepseek_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> str:
-    tokenizer = AutoTokenizer.from_pretrained(Path(smollm2_gguf).parent, gguf_file=Path(smollm2_gguf).name)
+def deepseek_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer: PreTrainedTokenizerBase) -> str:
+    tokenizer = smollm2_tokenizer
     config = copy.deepcopy(hf_configs()["deepseek_v3"])
     config.vocab_size = len(tokenizer)
     config.architectures = None

@@ -1,4 +1,5 @@
-"""Tokenizers for the tokenizer tests: the two real GGUF ones and a tiny SentencePiece one trained here."""
+"""Tokenizers for the tokenizer tests: the two real GGUF ones (smollm2_tokenizer and qwen_tokenizer, in
+tests/conftest.py) and a tiny SentencePiece one trained here."""
 
 from __future__ import annotations
 
@@ -7,24 +8,12 @@ import io
 import pytest
 from transformers import LlamaTokenizer, PreTrainedTokenizerBase
 
-from wick.tokenizer.tokenizer import get_tokenizer
-
 SP_TRAINING_TEXT = [
     "Hello world, héllo wörld! Ça va? naïve café, déjà vu, Straße.",
     "日本語のテキストです。中文文本。한국어 텍스트.",
     "def f(x):\n    return x * 2  # done\n\tif x:\n\t\tpass",
     "The quick brown fox jumps over the lazy dog. 😀 🎉 👍🏽",
 ]
-
-
-@pytest.fixture(scope="session")
-def smollm2_tokenizer(smollm2_gguf: str) -> PreTrainedTokenizerBase:
-    return get_tokenizer(smollm2_gguf)
-
-
-@pytest.fixture(scope="session")
-def qwen_tokenizer(qwen_gguf: str) -> PreTrainedTokenizerBase:
-    return get_tokenizer(qwen_gguf)
 
 
 @pytest.fixture(scope="session")

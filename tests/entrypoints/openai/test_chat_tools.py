@@ -11,15 +11,14 @@ from transformers import PreTrainedTokenizerBase
 from wick.entrypoints.openai.chat_tools import after_reasoning, chat_parsing
 from wick.entrypoints.openai.protocol import ChatCompletionRequest
 from wick.sampling_params import StructuredOutputsParams
-from wick.tokenizer.tokenizer import get_tokenizer
 from wick.tools import DeepSeekR1ReasoningParser
 
 SCHEMA = StructuredOutputsParams(json={"type": "object"})
 
 
 @pytest.fixture(scope="module")
-def plain(smollm2_gguf: str) -> PreTrainedTokenizerBase:
-    return get_tokenizer(smollm2_gguf)
+def plain(smollm2_tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")

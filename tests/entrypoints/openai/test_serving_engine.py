@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import random
 
+from transformers import PreTrainedTokenizerBase
+
 from wick.entrypoints.openai.serving_engine import longest_token_chars
-from wick.tokenizer.tokenizer import get_tokenizer
 
 
-def test_no_token_stands_for_more_characters_than_the_bound(smollm2_gguf: str):
-    tokenizer = get_tokenizer(smollm2_gguf)
+def test_no_token_stands_for_more_characters_than_the_bound(smollm2_tokenizer: PreTrainedTokenizerBase):
+    tokenizer = smollm2_tokenizer
     bound = longest_token_chars(tokenizer)
     assert max(len(tokenizer.decode([i])) for i in range(len(tokenizer))) <= bound
     rng = random.Random(0)

@@ -3,14 +3,12 @@ bfloat16 rounding of the inputs, scales and outputs; and on the default model, t
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf_blocks import packed_qkv, random_gguf, reference
 from test_gguf_models import TEXT, _model, _teacher_forced_logits
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerBase
 
 from wick.layers.linear import MergedColumnParallelLinear
 from wick.layers.quantization.base import quantization_scope
@@ -81,11 +79,11 @@ def test_types_and_shapes_without_a_kernel_keep_the_float32_path(monkeypatch: py
 
 
 @pytest.mark.slow
-def test_default_model_follows_the_float32_path(smollm2_gguf: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_model_follows_the_float32_path(smollm2_gguf: str, smollm2_tokenizer: PreTrainedTokenizerBase,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """bfloat16 may only swap near-ties: the argmax agrees at nearly every position of real text, and where it
     does not, the float32 path's two best logits are within 0.1 and the kernels chose the other of them."""
-    ids = AutoTokenizer.from_pretrained(os.path.dirname(smollm2_gguf),
-                                        gguf_file=os.path.basename(smollm2_gguf))(TEXT)["input_ids"]
+    ids = smollm2_tokenizer(TEXT)["input_ids"]
     fast = _model(smollm2_gguf, packed=True)
     assert isinstance(fast.model.layers[0].mlp.gate_up_proj.cpu_kernel, Int4Weight)
     assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 from paged_generate import PagedRunner, Sequence
-from transformers import AutoTokenizer
+from transformers import PreTrainedTokenizerBase
 
 from wick.layers.quantization.base import quantization_scope
 from wick.layers.quantization.gguf import GGUFConfig
@@ -49,7 +49,8 @@ def _teacher_forced_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tens
 @pytest.mark.parametrize("name", ["smollm2_gguf", "qwen_gguf"])
 def test_packed_argmax_equals_dequantized(name: str, request: pytest.FixtureRequest) -> None:
     path = request.getfixturevalue(name)
-    ids = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))(TEXT)["input_ids"]
+    tokenizer = request.getfixturevalue(name.replace("_gguf", "_tokenizer"))  # the file's, loaded once a session
+    ids = tokenizer(TEXT)["input_ids"]
     packed = _model(path, packed=True)
     assert all(p.data.dtype == torch.uint8 for p in packed.model.layers[0].mlp.gate_up_proj.gguf_parts)
     assert packed.model.embed_tokens.weight.dtype == torch.uint8
@@ -84,12 +85,13 @@ def test_qwen_process_grows_by_at_most_one_and_a_half_files(qwen_gguf: str) -> N
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_qwen_packed_on_gpu_agrees_with_dequantized_cpu(qwen_gguf: str, backend: str) -> None:
+def test_qwen_packed_on_gpu_agrees_with_dequantized_cpu(qwen_gguf: str, qwen_tokenizer: PreTrainedTokenizerBase,
+                                                        backend: str) -> None:
     """The Triton GGUF kernels in bf16 against the fp32 dequantized path, position by position."""
     from wick import LLM, SamplingParams
 
     path = qwen_gguf
-    ids = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))(TEXT)["input_ids"]
+    ids = qwen_tokenizer(TEXT)["input_ids"]
     expected = _teacher_forced_logits(_model(path, packed=False), ids).argmax(-1).tolist()
     llm = LLM(path, device="cuda", dtype="bfloat16", max_model_len=512, attention_backend=backend)
     out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
