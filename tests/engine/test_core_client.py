@@ -71,24 +71,26 @@ def test_ready_reports_the_cache_and_model(client):
     assert client.info.vocab_size == 49152
 
 
-def test_greedy_tokens_match_the_offline_llm(client, events):
-    llm = LLM(**ARGS)
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    """The same engine in this process, for the tokens the core process must give."""
+    return LLM(**ARGS)
+
+
+def test_greedy_tokens_match_the_offline_llm(client, events, llm):
     prompt = llm.get_tokenizer().encode("The capital of France is")
     expected = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids
-    del llm
     client.add_request(EngineCoreRequest("greedy", prompt, GREEDY))
     outputs = _outputs(events.wait_for(_finished("greedy")), "greedy")
     assert [t for o in outputs for t in o.new_token_ids] == expected
     assert outputs[-1].finish_reason == "length"
 
 
-def test_steps_that_wait_for_a_held_up_receiver_arrive_merged():
+def test_steps_that_wait_for_a_held_up_receiver_arrive_merged(llm):
     """While the receiver thread is held up, the core runs ahead; the steps it sent meanwhile reach the callback
     as one CoreOutputs with all of their tokens, the same tokens as step by step."""
-    llm = LLM(**ARGS)
     prompt = llm.get_tokenizer().encode("The capital of Italy is")
     expected = llm.generate({"prompt_token_ids": prompt}, GREEDY)[0].outputs[0].token_ids
-    del llm
     events, released = Events(), threading.Event()
 
     def held_up(event: CoreEvent) -> None:
