@@ -1,12 +1,16 @@
-"""Fixtures: the default model served by a real `wick serve` process, and clients for it."""
+"""Fixtures: the default model served by a real `wick serve` process, and clients for it; Qwen2.5-Coder served with
+MCP servers, for the MCP and the tool-call tests."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
+from mcp_secrets_server import stdio_config, write_config
+from processes import pids_with_argument
 from wick_server import API_KEY, ServerProcess
 
 
@@ -35,3 +39,27 @@ def http(server: ServerProcess) -> Iterator[httpx.Client]:
     """Raw HTTP with the API key."""
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The file the served secrets server's `write_marker` tool would write."""
+    return tmp_path_factory.mktemp("wick-mcp") / "marker"
+
+
+@pytest.fixture(scope="session")
+def mcp_server(marker: Path, qwen_gguf: str) -> Iterator[ServerProcess]:
+    """Qwen2.5-Coder with two MCP servers configured: the secrets server, and one that cannot start. Started once for
+    test_serving_mcp.py and test_tool_calls.py: a request that brings tools of its own never gets the MCP servers'
+    (McpChat.offers), so the tool-call tests' requests take the path they take on a server without --mcp-config."""
+    folder = marker.parent
+    config = write_config(folder / "servers.json", {
+        "secrets": stdio_config(marker),
+        "broken": {"command": str(folder / "no-such-server")},
+    })
+    process = ServerProcess(["--model", qwen_gguf, "--max-model-len", "2048", "--api-key", API_KEY,
+                             "--mcp-config", config], folder / "serve.log")
+    yield process
+    children = pids_with_argument(str(marker))
+    process.stop_cleanly()
+    assert children and not pids_with_argument(str(marker)), "the MCP server outlived wick serve"

@@ -1,5 +1,6 @@
 """`wick serve --mcp-config` with the real Qwen2.5-Coder model (which writes its calls as bare hermes JSON): wick runs
-the model's calls to the test MCP server and answers with what they returned; requests cannot start processes."""
+the model's calls to the test MCP server and answers with what they returned; requests cannot start processes. The
+server (`mcp_server`, conftest.py) is shared with test_tool_calls.py."""
 
 from __future__ import annotations
 
@@ -11,32 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 from mcp_secrets_server import WEATHER, stdio_config, write_config
-from processes import descendants, pids_with_argument
+from processes import descendants
 from wick_server import API_KEY, ServerProcess
 
 from wick.mcp import McpHub, StdioServerConfig
-
-
-@pytest.fixture(scope="module")
-def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The file the served secrets server's `write_marker` tool would write."""
-    return tmp_path_factory.mktemp("wick-mcp") / "marker"
-
-
-@pytest.fixture(scope="module")
-def mcp_server(marker: Path, qwen_gguf: str) -> Iterator[ServerProcess]:
-    """Qwen2.5-Coder with two MCP servers configured: the secrets server, and one that cannot start."""
-    folder = marker.parent
-    config = write_config(folder / "servers.json", {
-        "secrets": stdio_config(marker),
-        "broken": {"command": str(folder / "no-such-server")},
-    })
-    process = ServerProcess(["--model", qwen_gguf, "--max-model-len", "2048", "--api-key", API_KEY,
-                             "--mcp-config", config], folder / "serve.log")
-    yield process
-    children = pids_with_argument(str(marker))
-    process.stop_cleanly()
-    assert children and not pids_with_argument(str(marker)), "the MCP server outlived wick serve"
 
 
 @pytest.fixture()

@@ -1,17 +1,17 @@
 """Tool calling through a real `wick serve` of Qwen2.5-Coder-0.5B-Instruct (its template takes tools; hermes is
 detected): forced tool choices give calls whose arguments validate, streamed or not, and a tool result gets an
-answer."""
+answer. The server is conftest.py's `mcp_server`, shared with test_serving_mcp.py: these requests bring their own
+tools, so its MCP servers take no part in them."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import jsonschema
 import openai
 import pytest
 from weather_tool import QUESTION, TOOLS, WEATHER
-from wick_server import ServerProcess
+from wick_server import API_KEY, ServerProcess
 
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 SETTINGS = {"model": "", "messages": QUESTION, "tools": TOOLS, "temperature": 0.0, "max_tokens": 48}
@@ -20,11 +20,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory: pytest.TempPathFactory, qwen_gguf: str) -> Iterator[openai.OpenAI]:
-    process = ServerProcess(["--model", qwen_gguf, "--max-model-len", "2048"],
-                            tmp_path_factory.mktemp("wick-serve-qwen") / "serve.log")
-    yield openai.OpenAI(base_url=f"{process.url}/v1", api_key="none", max_retries=0, timeout=300)
-    assert process.stop() == 0, process.log()[-4000:]
+def qwen(mcp_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{mcp_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
 
 def _check_weather_call(name: str, arguments: str) -> None:
