@@ -15,12 +15,9 @@ from wick_server import API_KEY, ServerProcess
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> Iterator[ServerProcess]:
-    """The default model (no --model), with an API key."""
-    log = tmp_path_factory.mktemp("wick-serve") / "serve.log"
-    process = ServerProcess(["--max-model-len", "2048", "--api-key", API_KEY], log)
-    yield process
-    process.stop_cleanly()
+def server(keyed_server: ServerProcess) -> ServerProcess:
+    """The default model (no --model), with an API key (and the chat page): ../conftest.py's `keyed_server`."""
+    return keyed_server
 
 
 @pytest.fixture(scope="session")

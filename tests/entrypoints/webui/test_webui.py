@@ -1,5 +1,6 @@
 """The chat page of `wick serve --ui`, in headless Chromium (Debian's chromium and chromium-driver, driven by
-Selenium) against real `wick serve --ui` processes serving the default model."""
+Selenium) against real `wick serve --ui` processes serving the default model: this module's own, without an API key,
+and ../conftest.py's `keyed_server`, with one (shared with the OpenAI API tests)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
+from wick_server import API_KEY, ServerProcess
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -32,7 +34,6 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-API_KEY = "webui-test-key"
 ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts" / "webui"
 ANSWER_TIMEOUT = 180
 _READY = re.compile(r"ready at (http://\S+) ")
@@ -77,13 +78,6 @@ class UiServer:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> Iterator[UiServer]:
     process = UiServer([], tmp_path_factory.mktemp("webui-serve") / "serve.log")
-    yield process
-    assert process.stop() == 0, process.log()[-4000:]
-
-
-@pytest.fixture(scope="module")
-def keyed_server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> Iterator[UiServer]:
-    process = UiServer(["--api-key", API_KEY], tmp_path_factory.mktemp("webui-serve-key") / "serve.log")
     yield process
     assert process.stop() == 0, process.log()[-4000:]
 
@@ -265,7 +259,7 @@ def test_conversations_switch_rename_and_delete(server: UiServer, browser: Chrom
     assert [e.text for e in browser.find_elements(By.CSS_SELECTOR, "#conversation-list .open")] == titles
 
 
-def test_api_key_is_needed_until_set_in_settings(keyed_server: UiServer, browser: Chrome) -> None:
+def test_api_key_is_needed_until_set_in_settings(keyed_server: ServerProcess, browser: Chrome) -> None:
     browser.get(keyed_server.url + "/")
     banner = wait_for(browser, lambda d: d.find_element(By.ID, "banner") if d.find_element(
         By.ID, "banner").is_displayed() else None, 30, "no error was shown for the model list")
