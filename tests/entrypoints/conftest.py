@@ -1,5 +1,5 @@
 """Real-model engines that tests in more than one module (and folder) share, each started once a session: the
-default model's `wick serve` with an API key and the chat page."""
+default model's `wick serve` with an API key and the chat page, and Qwen2.5-Coder offline."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "openai"))
 
 from wick_server import API_KEY, ServerProcess  # noqa: E402
 
+from wick import LLM  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) -> Iterator[ServerProcess]:
@@ -24,3 +26,9 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory, smollm2_gguf: str) ->
     process = ServerProcess(["--max-model-len", "2048", "--api-key", API_KEY, "--ui"], log)
     yield process
     process.stop_cleanly()
+
+
+@pytest.fixture(scope="session")
+def qwen_llm(qwen_gguf: str) -> LLM:
+    """Qwen2.5-Coder offline, for test_llm.py and test_llm_tools.py (the same settings in both)."""
+    return LLM(qwen_gguf, max_model_len=1024)

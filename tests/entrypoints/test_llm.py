@@ -1,4 +1,4 @@
-"""The offline API on real model files."""
+"""The offline API on real model files (`qwen_llm` is conftest.py's)."""
 
 from __future__ import annotations
 
@@ -92,11 +92,10 @@ def test_seed_reproducible(default_llm):
 
 
 @pytest.mark.slow
-def test_qwen_coder_answers_a_coding_question(qwen_gguf):
-    llm = LLM(qwen_gguf, max_model_len=1024)
-    out = llm.chat([{"role": "user", "content": "Write a Python function that returns the sum of a list of "
-                                                  "numbers. Reply with only the code."}],
-                   SamplingParams(temperature=0.0, max_tokens=80))[0]
+def test_qwen_coder_answers_a_coding_question(qwen_llm):
+    out = qwen_llm.chat([{"role": "user", "content": "Write a Python function that returns the sum of a list of "
+                                                       "numbers. Reply with only the code."}],
+                        SamplingParams(temperature=0.0, max_tokens=80))[0]
     text = out.outputs[0].text
     assert "def " in text and "return" in text and "sum" in text, text
 

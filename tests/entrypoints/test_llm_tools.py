@@ -12,8 +12,9 @@ from wick import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")
-def llm(qwen_gguf: str) -> LLM:
-    return LLM(qwen_gguf, max_model_len=1024)
+def llm(qwen_llm: LLM) -> LLM:
+    """conftest.py's Qwen2.5-Coder, LLM(qwen_gguf, max_model_len=1024), shared with test_llm.py."""
+    return qwen_llm
 
 
 @pytest.mark.slow
