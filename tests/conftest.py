@@ -17,6 +17,8 @@ import torch
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from wick import LLM
+
 # Triton decides when a kernel module is imported whether it compiles or interprets: on a machine
 # without CUDA every kernel must be defined under the interpreter, whichever test imports it first.
 if not torch.cuda.is_available():
@@ -84,6 +86,15 @@ def qwen_tokenizer(qwen_gguf: str) -> PreTrainedTokenizerBase:
     from wick.tokenizer.tokenizer import get_tokenizer
 
     return get_tokenizer(qwen_gguf)
+
+
+@pytest.fixture(scope="session")
+def default_llm() -> LLM:
+    """The default model offline, LLM(max_model_len=2048): tests/core/test_structured_output.py and
+    tests/entrypoints/test_llm.py ask it the same way, so they share one."""
+    from wick import LLM
+
+    return LLM(max_model_len=2048)
 
 
 @pytest.fixture(scope="session")

@@ -44,8 +44,9 @@ def assert_valid(text: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM(max_model_len=2048)
+def llm(default_llm: LLM) -> LLM:
+    """tests/conftest.py's LLM(max_model_len=2048), shared with tests/entrypoints/test_llm.py."""
+    return default_llm
 
 
 def test_json_schema_validates_for_20_seeds(llm):

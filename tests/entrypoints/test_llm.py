@@ -1,4 +1,5 @@
-"""The offline API on real model files (`qwen_llm` is conftest.py's)."""
+"""The offline API on real model files (`default_llm` is tests/conftest.py's, shared with
+tests/core/test_structured_output.py; `qwen_llm` is conftest.py's, shared with test_llm_tools.py)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,6 @@ import math
 import pytest
 
 from wick import LLM, SamplingParams
-
-
-@pytest.fixture(scope="module")
-def default_llm() -> LLM:
-    return LLM(max_model_len=2048)
 
 
 def test_default_model_knows_the_capital_of_france(default_llm):
