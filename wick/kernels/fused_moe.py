@@ -30,6 +30,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from wick.kernels.moe_align import moe_align
+from wick.kernels.pdl import hopper_or_later
 from wick.kernels.wna16_matmul import load_unpacked
 
 # The float32 scales of fp8 experts [E, N, K]: (scale [E, ceil(N / block[0]), ceil(K / block[1])], block), each over a
@@ -306,7 +307,7 @@ def expert_kind(scales: WeightScales | GroupScales | None, k: int) -> str:
 def _has_tma(device: torch.device) -> bool:
     """Whether B's tiles can come by the tensor memory accelerator: Hopper and later (the interpreter on the CPU
     runs the same path)."""
-    return device.type == "cpu" or (torch.version.hip is None and torch.cuda.get_device_capability(device)[0] >= 9)
+    return device.type == "cpu" or hopper_or_later(device)
 
 
 def moe_gemm(a: torch.Tensor, b: torch.Tensor, scales: WeightScales | GroupScales | None, out: torch.Tensor,

@@ -33,14 +33,14 @@ _release_early = True
 
 
 @functools.cache
-def _hopper(device: torch.device) -> bool:
+def hopper_or_later(device: torch.device) -> bool:
     """An NVIDIA GPU of compute capability 9.0 or later (a ROCm build reports its GPUs as CUDA ones too)."""
     return torch.version.hip is None and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
 def uses_pdl(t: torch.Tensor) -> bool:
     """Whether kernels on t's device take part in programmatic dependent launch."""
-    return TRITON_HAS_PDL and t.is_cuda and _hopper(t.device)
+    return TRITON_HAS_PDL and t.is_cuda and hopper_or_later(t.device)
 
 
 def set_release_early(hidden_size: int, int8_activations: bool) -> None:
