@@ -53,7 +53,10 @@ def _check(step, scheduled, previous_rows, blocks, buffers, graph=False):
     assert m.max_query_len == max(item.num_new_tokens for item in scheduled)
     assert m.max_seq_len == max(seq_lens)
     padded_t, b = step.input_ids.numel(), m.query_start_loc.numel() - 1
-    previous = buffers.longs[3 * padded_t + 2 * b:3 * padded_t + 3 * b].tolist()
+    views = buffers.views(padded_t, b)
+    assert views.slot_mapping.data_ptr() == m.slot_mapping.data_ptr()
+    assert views.seq_lens.data_ptr() == m.seq_lens.data_ptr()
+    previous = views.previous_rows.tolist()
     if graph:
         assert step.gather is None
         assert [(row, source) for row, source in enumerate(previous) if source >= 0] == gathers
@@ -65,10 +68,7 @@ def _check(step, scheduled, previous_rows, blocks, buffers, graph=False):
     else:
         assert step.logit_rows.tolist() == sample_rows
     # a sampling row's draw: its request's temperature and seed, the count of its output tokens so far
-    ints = buffers.ints[2 * (3 * padded_t + 3 * b):]
-    temperature = ints[2 * b + 1:3 * b + 1].view(torch.float32)
-    seeds = buffers.longs[3 * padded_t:3 * padded_t + b]
-    steps = buffers.longs[3 * padded_t + b:3 * padded_t + 2 * b]
+    temperature, seeds, steps = views.temperature, views.seeds, views.steps
     for row, item in enumerate(scheduled):
         if item.samples:
             state = item.state
@@ -214,3 +214,17 @@ def test_capture_inputs_give_tokens_to_requests_up_to_the_longest_context():
         assert views.query_start_loc.tolist() == [*range(b), b - 1 + last]
         assert views.seq_lens.tolist() == [1] * (b - 1) + [last]
         assert views.slot_mapping.tolist() == [-1] * t and views.previous_rows.tolist() == [-1] * b
+
+
+def test_every_section_starts_at_a_16_byte_bound_and_none_overlaps():
+    """Kernels specialise on their pointers' 16-byte alignment: no step shape may give a section a new one."""
+    buffers = StepBuffers(40, 12, 5, BLOCK, torch.device("cpu"))
+    base = buffers.data.data_ptr()
+    for t in range(1, 41):
+        for b in range(1, min(t, 12) + 1):
+            views = buffers.views(t, b)
+            spans = sorted((v.data_ptr() - base, v.data_ptr() - base + v.numel() * v.element_size())
+                           for v in views[:-1])
+            assert all(start % 16 == 0 for start, _ in spans), (t, b)
+            assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:], strict=False)), (t, b)
+            assert views.packed_table.numel() >= b * 5 and (views.packed_table.data_ptr() - base) % 16 == 0

@@ -44,15 +44,18 @@ class GraphInputs(NamedTuple):
 
 class StepBuffers:
     """One buffer, taken to the device by one copy, with sections at offsets that depend only on a step's token
-    count t and request count b (padding rows included). As int64: input ids [0, t), positions [t, 2t), slots
-    [2t, 3t), the requests' seeds [3t, 3t + b), sampling steps (output tokens before this one) [3t + b, 3t + 2b)
-    and previous rows [3t + 2b, 3t + 3b) (see GraphInputs). Then as int32, from int32 index 2 (3t + 3b):
-    query_start_loc (b + 1), seq_lens (b), the temperatures' float32 bits (b), the block table's rows and width (2)
-    and the table. Then, as int64 again, the gather targets, their sources and the rows that sample. A graph of t
-    tokens and b requests (a decode graph: t = b; a prefill graph: one request) is captured on those sections, so
-    packing a step of that shape is all its replay needs: the graph copies the block table into its own and a decode
-    graph takes the previous step's tokens from `samples` (kernels.decode_inputs); other steps gather them
-    themselves (PackedStep.gather).
+    count t and request count b (padding rows included), each starting at a 16-byte bound (`_Layout`). As int64:
+    input ids, positions and slots (t each), the requests' seeds, sampling steps (output tokens before this one) and
+    previous rows (b each; see GraphInputs). Then as int32: query_start_loc (b + 1), seq_lens (b), the temperatures'
+    float32 bits (b), the block table's rows and width (2) and the table. Then, as int64 again, the gather targets,
+    their sources and the rows that sample. A graph of t tokens and b requests (a decode graph: t = b; a prefill
+    graph: one request) is captured on those sections, so packing a step of that shape is all its replay needs: the
+    graph copies the block table into its own and a decode graph takes the previous step's tokens from `samples`
+    (kernels.decode_inputs); other steps gather them themselves (PackedStep.gather).
+
+    The bounds keep each section's address as aligned as a fresh tensor's whatever t and b are: Triton compiles a
+    kernel anew for each pattern of 16-byte-aligned pointers it is given, and sections packed end to end made steps
+    of new shapes meet new patterns, each a compile of about a second while serving.
 
     `samples` holds the newest step's sampled tokens, a row per request that sampled, for the next step.
 
@@ -63,8 +66,8 @@ class StepBuffers:
                  device: torch.device) -> None:
         self.block_size = block_size
         self.max_tokens, self.max_reqs = max_tokens, max_reqs
-        max_ints = 3 * max_reqs + 3 + max_reqs * max_blocks
-        num_longs = 3 * max_tokens + 3 * max_reqs + -(-max_ints // 2) + 3 * max_reqs
+        layout = _Layout.of(max_tokens, max_reqs)
+        num_longs = layout.table_end(max_reqs * max_blocks) + 3 * max_reqs
         on_gpu = device.type == "cuda"
         sets = 2 if on_gpu else 1
         self._host = [torch.zeros(8 * num_longs, dtype=torch.uint8, pin_memory=on_gpu) for _ in range(sets)]
@@ -75,12 +78,13 @@ class StepBuffers:
         self.samples = torch.zeros(max_reqs, dtype=torch.int64, device=device)
 
     def views(self, tokens: int, reqs: int) -> GraphInputs:
-        longs, t, b = self.longs, tokens, reqs
-        ints = self.ints[_int32_start(t, b):]
-        return GraphInputs(longs[:t], longs[t:2 * t], longs[2 * t:3 * t], ints[:b + 1], ints[b + 1:2 * b + 1],
-                           ints[2 * b + 1:3 * b + 1].view(torch.float32), longs[3 * t:3 * t + b],
-                           longs[3 * t + b:3 * t + 2 * b], longs[3 * t + 2 * b:3 * t + 3 * b],
-                           ints[3 * b + 1:3 * b + 3], ints[3 * b + 3:])
+        longs, t, b, at = self.longs, tokens, reqs, _Layout.of(tokens, reqs)
+        ints = self.ints[at.ints:]
+        return GraphInputs(longs[:t], longs[at.positions:at.positions + t], longs[at.slots:at.slots + t],
+                           ints[:b + 1], ints[at.seq_lens:at.seq_lens + b],
+                           ints[at.temperature:at.temperature + b].view(torch.float32), longs[at.seeds:at.seeds + b],
+                           longs[at.steps:at.steps + b], longs[at.previous:at.previous + b],
+                           ints[at.table_shape:at.table_shape + 2], ints[at.table:])
 
     def fill(self, tokens: int, reqs: int, max_context: int) -> None:
         """Inputs a graph of t tokens and b requests can be captured on: requests of one token but the last, which
@@ -118,41 +122,41 @@ class StepBuffers:
         if self._copied[stage] is not None:
             self._copied[stage].synchronize()
         longs, all_ints = self._host[stage].numpy().view(np.int64), self._host[stage].numpy().view(np.int32)
-        ints_at = _int32_start(t, b)
-        ints = all_ints[ints_at:]
+        at = _Layout.of(t, b)
+        ints = all_ints[at.ints:]
 
         query_start = ints[:b + 1]
         query_start[0] = 0
         np.cumsum(counts, out=query_start[1:n + 1])
         query_start[n + 1:] = np.arange(t_real + 1, t_real + b - n + 1)
-        seq_lens = ints[b + 1:2 * b + 1]
+        seq_lens = ints[at.seq_lens:at.seq_lens + b]
         seq_lens[:n] = starts + counts
         seq_lens[n:] = 1
-        temperature = ints[2 * b + 1:3 * b + 1].view(np.float32)
+        temperature = ints[at.temperature:at.temperature + b].view(np.float32)
         temperature[:n] = batch.temperature[rows]
         temperature[n:] = 0.0
-        ints[3 * b + 1:3 * b + 3] = n, width
-        num_ints = 3 * b + 3 + n * width
-        table = ints[3 * b + 3:num_ints].reshape(n, width)
+        ints[at.table_shape:at.table_shape + 2] = n, width
+        table_end = at.table + n * width
+        table = ints[at.table:table_end].reshape(n, width)
         np.take(batch.block_table[:, :width], rows, axis=0, out=table)
 
-        positions = longs[t:2 * t]
+        positions = longs[at.positions:at.positions + t]
         positions[:t_real] = np.repeat(starts - query_start[:n], counts) + np.arange(t_real)
         positions[t_real:] = 0
-        slots = longs[2 * t:3 * t]
+        slots = longs[at.slots:at.slots + t]
         bs = self.block_size
         owner_rows = np.repeat(rows, counts)
         slots[:t_real] = batch.block_table[owner_rows, positions[:t_real] // bs].astype(np.int64) * bs
         slots[:t_real] += positions[:t_real] % bs
         slots[t_real:] = -1
-        seeds, steps = longs[3 * t:3 * t + b], longs[3 * t + b:3 * t + 2 * b]
+        seeds, steps = longs[at.seeds:at.seeds + b], longs[at.steps:at.steps + b]
         seeds[:n] = batch.seed[rows]
         # a sampling row's context ends with its newest token, so its output tokens so far are the context
         # past the prompt (the sampler's step); rows that do not sample draw nothing
         steps[:n] = seq_lens[:n] - batch.num_prompt_tokens[rows]
         seeds[n:] = 0
         steps[n:] = 0
-        previous = longs[3 * t + 2 * b:3 * t + 3 * b]
+        previous = longs[at.previous:at.previous + b]
         previous[:] = -1
 
         ids = longs[:t]
@@ -176,7 +180,7 @@ class StepBuffers:
                 ids[offset:offset + end - start] = tokens[start:end]
             offset += k
         ids[t_real:] = 0
-        g, tail = len(gather_dst), -(-(ints_at + num_ints) // 2)
+        g, tail = len(gather_dst), at.table_end(n * width)
         longs[tail:tail + g] = gather_dst
         longs[tail + g:tail + 2 * g] = gather_src
         sampling = [i for i, item in enumerate(scheduled) if item.samples]
@@ -191,18 +195,44 @@ class StepBuffers:
             event = self._copied[stage] = self._copied[stage] or torch.cuda.Event()
             event.record()
             self._set = (stage + 1) % len(self._copied)
-        dev_longs, dev_ints = self.longs, self.ints[ints_at:]
+        dev_longs, dev_ints = self.longs, self.ints[at.ints:]
         metadata = AttentionMetadata(
-            slot_mapping=dev_longs[2 * t:3 * t], query_start_loc=dev_ints[:b + 1], seq_lens=dev_ints[b + 1:2 * b + 1],
-            block_tables=dev_ints[3 * b + 3:num_ints].view(n, width), max_query_len=int(counts.max()),
+            slot_mapping=dev_longs[at.slots:at.slots + t], query_start_loc=dev_ints[:b + 1],
+            seq_lens=dev_ints[at.seq_lens:at.seq_lens + b],
+            block_tables=dev_ints[at.table:table_end].view(n, width), max_query_len=int(counts.max()),
             max_seq_len=int(seq_lens[:n].max()), query_start_loc_cpu=query_start.tolist(),
             seq_lens_cpu=seq_lens.tolist(), block_tables_cpu=table)
         gather = (dev_longs[tail:tail + g], dev_longs[tail + g:tail + 2 * g]) if g else None
         logit_rows = dev_longs[tail + 2 * g:num_longs] if num_rows else None
-        return PackedStep(dev_longs[:t], dev_longs[t:2 * t], metadata, gather, logit_rows, n)
+        return PackedStep(dev_longs[:t], dev_longs[at.positions:at.positions + t], metadata, gather, logit_rows, n)
 
 
-def _int32_start(t: int, b: int) -> int:
-    """Where the int32 sections of a step of t tokens and b requests start, as an int32 index: after the
-    three int64 sections of t and three of b."""
-    return 2 * (3 * t + 3 * b)
+class _Layout(NamedTuple):
+    """Where the sections of a step of t tokens and b requests start: int64 indices, then int32 indices from `ints`
+    (itself an int32 index); each a multiple of 16 bytes."""
+
+    positions: int
+    slots: int
+    seeds: int
+    steps: int
+    previous: int
+    ints: int
+    seq_lens: int
+    temperature: int
+    table_shape: int
+    table: int
+
+    @classmethod
+    def of(cls, t: int, b: int) -> _Layout:
+        t2, b2, b4 = _round_up(t, 2), _round_up(b, 2), _round_up(b, 4)
+        seq_lens = _round_up(b + 1, 4)
+        return cls(t2, 2 * t2, 3 * t2, 3 * t2 + b2, 3 * t2 + 2 * b2, 2 * (3 * t2 + 3 * b2), seq_lens,
+                   seq_lens + b4, seq_lens + 2 * b4, seq_lens + 2 * b4 + 4)
+
+    def table_end(self, table_entries: int) -> int:
+        """The int64 index of the first section after a table of `table_entries` entries."""
+        return _round_up(-(-(self.ints + self.table + table_entries) // 2), 2)
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
