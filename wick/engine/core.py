@@ -28,7 +28,7 @@ class EngineCore:
         try:
             num_blocks = self.executor.determine_num_blocks()
             self.executor.initialize_kv_cache(num_blocks)
-            self.executor.capture_cuda_graphs()
+            self.executor.warm_up()
         except BaseException:
             self.executor.shutdown()
             raise

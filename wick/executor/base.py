@@ -22,8 +22,9 @@ class Executor(ABC):
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.collective_rpc("initialize_kv_cache", num_blocks)
 
-    def capture_cuda_graphs(self) -> None:
-        self.collective_rpc("capture_cuda_graphs")
+    def warm_up(self) -> None:
+        """Compiles the kernels of eager steps and captures the CUDA graphs, on a GPU (ModelRunner.warm_up)."""
+        self.collective_rpc("warm_up")
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         """Launches the step on every rank; sample_tokens finishes it."""

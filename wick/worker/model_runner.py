@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,6 +26,7 @@ from wick.worker.cuda_graph import StepGraphs, capture_sizes
 from wick.worker.input_batch import CachedRequestState, InputBatch, ScheduledState, build_sampling_metadata
 from wick.worker.pooling import PooledBatch, pool_scheduled, run_encoder
 from wick.worker.step_buffers import StepBuffers
+from wick.worker.warm_up import warm_up_eager_steps, warm_up_shapes
 
 logger = logging.getLogger(__name__)
 
@@ -180,11 +182,21 @@ class ModelRunner:
             layer.bind_kv_cache([self.backend.allocate_kv_cache(shape, self.config.kv_cache_dtype, self.device)
                                  for shape in layer.kv_cache_shapes(num_blocks, self.block_size)])
 
-    def capture_cuda_graphs(self) -> None:
-        """Captures the decode and prefill graphs when the device and the attention backend allow it."""
+    def warm_up(self) -> None:
+        """On a GPU: compiles the kernels of eager steps (worker.warm_up), then captures the decode and prefill
+        graphs where the attention backend allows it."""
         cfg = self.config
-        if (self.device.type != "cuda" or cfg.args.enforce_eager or not self.backend.supports_cuda_graph
-                or not getattr(self.model, "supports_cuda_graph", True)):
+        if self.device.type != "cuda":
+            return
+        if self.attention_layers:
+            start = time.perf_counter()
+            shapes = warm_up_shapes(cfg.max_model_len, cfg.max_num_batched_tokens, cfg.max_num_seqs)
+            warm_up_eager_steps(self.model, self.backend, shapes, self.block_size, self.num_blocks, self.device,
+                                logits=cfg.pooler_config is None)
+            torch.cuda.synchronize(self.device)
+            logger.info("warmed up %d eager step shapes in %.1f s", len(shapes), time.perf_counter() - start)
+        if cfg.args.enforce_eager or not self.backend.supports_cuda_graph or not getattr(
+                self.model, "supports_cuda_graph", True):
             return
         self.step_graphs = StepGraphs(self.model, self.backend, self.buffers, cfg.max_num_seqs, cfg.max_model_len,
                                       self.block_size, self.device)

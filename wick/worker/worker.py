@@ -46,8 +46,8 @@ class Worker:
     def initialize_kv_cache(self, num_blocks: int) -> None:
         self.runner.initialize_kv_cache(num_blocks)
 
-    def capture_cuda_graphs(self) -> None:
-        self.runner.capture_cuda_graphs()
+    def warm_up(self) -> None:
+        self.runner.warm_up()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> None:
         self.runner.execute_model(scheduler_output)
