@@ -1,7 +1,12 @@
 """The serving benchmark's clients: one streaming `/v1/completions` request per prompt (token ids, EOS ignored,
 usage in the last chunk), sent at a Poisson request rate (inf: all at once) and at most `max_concurrency`
 in flight, over one connection each. Times are time.perf_counter() at the moment a network read returns, so a
-read that holds several events gives them one time (as vLLM's client does)."""
+read that holds several events gives them one time (as vLLM's client does).
+
+The client speaks HTTP/1.1 over asyncio's own streams rather than through an HTTP library: it shares the
+machine with the server, and its own time counts in the run's duration. Sending 256 requests at once through httpx,
+the first of them reached the engine core 248-340 ms after the start, and all of them by 325-437 ms; through this
+client 46-56 ms and 159-184 ms (session 32, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -11,8 +16,8 @@ import math
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
-import httpx
 import numpy as np
 
 from benchmarks.serve_metrics import RequestResult
@@ -44,74 +49,135 @@ async def run_load(base_url: str, prompts: list[list[int]], output_lens: list[in
                    api_key: str | None = None) -> tuple[list[RequestResult], float]:
     """Sends every prompt (request i samples with seed i, as benchmarks/throughput.py does); returns the results
     in prompt order and the seconds from the first request sent to the last answer received."""
+    server = Server.of(base_url, api_key)
     send_at = send_times(len(prompts), load)
     gate = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=httpx.Timeout(None),
-                                 limits=limits) as client:
 
-        async def one(i: int) -> RequestResult:
-            result = RequestResult(len(prompts[i]), output_lens[i])
-            body = completion_body(prompts[i], output_lens[i], temperature, i)
-            if gate is None:
-                return await stream_completion(client, body, result)
-            async with gate:
-                return await stream_completion(client, body, result)
+    async def one(i: int) -> RequestResult:
+        result = RequestResult(len(prompts[i]), output_lens[i])
+        body = completion_body(prompts[i], output_lens[i], temperature, i)
+        if gate is None:
+            return await stream_completion(server, body, result)
+        async with gate:
+            return await stream_completion(server, body, result)
 
-        start = time.perf_counter()
-        tasks = []
-        for i, offset in enumerate(send_at):
-            delay = start + offset - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i)))
-        results = await asyncio.gather(*tasks)
-        return list(results), time.perf_counter() - start
+    start = time.perf_counter()
+    tasks = []
+    for i, offset in enumerate(send_at):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(i)))
+    results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
 
 
-async def stream_completion(client: httpx.AsyncClient, body: dict[str, Any], result: RequestResult) -> RequestResult:
+@dataclass(frozen=True)
+class Server:
+    host: str
+    port: int
+    headers: bytes  # the request headers every request carries, after its request line
+
+    @classmethod
+    def of(cls, base_url: str, api_key: str | None = None) -> Server:
+        url = urlsplit(base_url)
+        if url.scheme != "http" or not url.hostname:
+            raise ValueError(f"the serving benchmark talks plain HTTP to a host: {base_url!r}")
+        port = url.port or 80
+        host = f"[{url.hostname}]" if ":" in url.hostname else url.hostname
+        headers = f"Host: {host}:{port}\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        if api_key:
+            headers += f"Authorization: Bearer {api_key}\r\n"
+        return cls(url.hostname, port, headers.encode())
+
+    def post(self, path: str, body: dict[str, Any]) -> bytes:
+        payload = json.dumps(body).encode()
+        return b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n%s" % (path.encode(), self.headers, len(payload),
+                                                                             payload)
+
+
+class Dechunker:
+    """The body of a response in HTTP/1.1's chunked transfer coding, as its bytes arrive."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self.ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        """The body's bytes that `data` completes."""
+        self._pending += data
+        out = []
+        while not self.ended:
+            line_end = self._pending.find(b"\r\n")
+            if line_end < 0:
+                break
+            size = int(self._pending[:line_end].split(b";", 1)[0], 16)
+            chunk_end = line_end + 2 + size
+            if len(self._pending) < chunk_end + 2:
+                break
+            out.append(self._pending[line_end + 2:chunk_end])
+            self._pending = self._pending[chunk_end + 2:]
+            self.ended = size == 0
+        return b"".join(out)
+
+
+async def stream_completion(server: Server, body: dict[str, Any], result: RequestResult) -> RequestResult:
     """Fills `result` from one streamed completion. It succeeds when the stream ends with [DONE] after at least
     one chunk of text and a finish reason, and no error event."""
     start = time.perf_counter()
     last_text = start
     finish_reason = None
     done = False
+    writer = None
     try:
-        async with client.stream("POST", "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                result.error = f"HTTP {response.status_code}: {(await response.aread())[:300]!r}"
-                return result
-            pending = b""
-            async for data in response.aiter_raw():
-                now = time.perf_counter()
-                *events, pending = (pending + data).split(b"\n\n")
-                for event in events:
-                    payload = event.strip().removeprefix(b"data:").strip()
-                    if not payload or payload.startswith(b":"):
-                        continue
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    chunk = json.loads(payload)
-                    if "error" in chunk:
-                        result.error = f"error event: {chunk['error']}"
-                        return result
-                    for choice in chunk.get("choices") or ():
-                        if choice.get("text"):
-                            if result.chunks == 0:
-                                result.ttft = now - start
-                            else:
-                                result.itl.append(now - last_text)
-                            last_text = now
-                            result.chunks += 1
-                        finish_reason = choice.get("finish_reason") or finish_reason
-                        result.latency = now - start
-                    if chunk.get("usage"):
-                        result.output_tokens = chunk["usage"]["completion_tokens"]
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError) as e:
+        reader, writer = await asyncio.open_connection(server.host, server.port)
+        writer.write(server.post("/v1/completions", body))
+        status_line = await reader.readline()
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(status_line.split(b" ", 2)[1])
+        if status != 200:
+            result.error = f"HTTP {status}: {(await reader.read())[:300]!r}"
+            return result
+        if b"transfer-encoding: chunked" not in head.lower():
+            result.error = f"a stream without chunked transfer coding: {head[:300]!r}"
+            return result
+        dechunker = Dechunker()
+        pending = b""
+        while not dechunker.ended:
+            data = await reader.read(1 << 16)
+            if not data:
+                break
+            now = time.perf_counter()
+            *events, pending = (pending + dechunker.feed(data)).split(b"\n\n")
+            for event in events:
+                payload = event.strip().removeprefix(b"data:").strip()
+                if not payload or payload.startswith(b":"):
+                    continue
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    result.error = f"error event: {chunk['error']}"
+                    return result
+                for choice in chunk.get("choices") or ():
+                    if choice.get("text"):
+                        if result.chunks == 0:
+                            result.ttft = now - start
+                        else:
+                            result.itl.append(now - last_text)
+                        last_text = now
+                        result.chunks += 1
+                    finish_reason = choice.get("finish_reason") or finish_reason
+                    result.latency = now - start
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"]["completion_tokens"]
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError, KeyError, IndexError) as e:
         result.error = f"{type(e).__name__}: {e}"
         return result
+    finally:
+        if writer is not None:
+            writer.close()
     if not (done and result.chunks and finish_reason):
         result.error = f"the stream ended early: [DONE] {done}, {result.chunks} chunks of text, finish {finish_reason}"
         return result
