@@ -183,7 +183,7 @@ class ModelRunner:
                                  for shape in layer.kv_cache_shapes(num_blocks, self.block_size)])
 
     def warm_up(self) -> None:
-        """On a GPU: compiles the kernels of eager steps (worker.warm_up), then captures the decode and prefill
+        """On a GPU: compiles the kernels of eager steps (wick.worker.warm_up), then captures the decode and prefill
         graphs where the attention backend allows it."""
         cfg = self.config
         if self.device.type != "cuda":
