@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import json
+import os
 import pstats
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -15,6 +18,7 @@ import torch
 
 from benchmarks.common import print_environment
 from benchmarks.graph_gaps import GraphGaps
+from benchmarks.kernel_timeline import print_timeline, step_timeline
 from wick import LLM, SamplingParams
 from wick.executor.step_channel import StepChannel
 from wick.worker.worker import Worker
@@ -62,7 +66,8 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above it, seeded random sampling")
     parser.add_argument("--profile-steps", type=int, default=0,
-                        help="then run this many steps under the torch profiler and print where the time goes")
+                        help="then run this many steps under the torch profiler and print where the time goes: the "
+                             "profiler's table and what each kernel adds to a decode step (kernel_timeline.py)")
     parser.add_argument("--profile-sort", default="self_cpu_time_total",
                         help="the profiler table's order: self_cpu_time_total (the host) or self_cuda_time_total")
     parser.add_argument("--trace", default=None,
@@ -120,10 +125,13 @@ def main() -> None:
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as profile:
             llm.generate(prompts, params)
-        if args.trace:
-            profile.export_chrome_trace(args.trace)
         print(f"torch profiler, {args.profile_steps} steps (times in total):")
         print(profile.key_averages().table(sort_by=args.profile_sort, row_limit=30, max_name_column_width=60))
+        with tempfile.TemporaryDirectory() as scratch:
+            trace = args.trace or os.path.join(scratch, "trace.json")
+            profile.export_chrome_trace(trace)
+            with open(trace) as f:
+                print_timeline(step_timeline(json.load(f)["traceEvents"]), llm.config.hf_config.num_hidden_layers)
 
 
 if __name__ == "__main__":
