@@ -50,15 +50,17 @@ def step_timeline(events: list[dict]) -> StepTimeline:
     calls: dict[str, int] = defaultdict(int)
     span = 0.0
     for step in steps:
-        end = step[0]["ts"] + step[0]["dur"]
-        span += step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
-        for kernel in step[1:]:
-            added[kernel["name"]] += kernel["ts"] + kernel["dur"] - end
+        span += _end(step[-1]) - step[0]["ts"]
+        for before, kernel in zip(step[:-1], step[1:], strict=True):
+            added[kernel["name"]] += _end(kernel) - _end(before)
             calls[kernel["name"]] += 1
-            end = kernel["ts"] + kernel["dur"]
     n = max(len(steps), 1)
     shares = [KernelShare(name, added[name] / n, calls[name] / n) for name in added]
     return StepTimeline(len(steps), span / n, sorted(shares, key=lambda s: -s.us_per_step))
+
+
+def _end(event: dict) -> float:
+    return event["ts"] + event["dur"]
 
 
 def print_timeline(timeline: StepTimeline, layers: int | None = None) -> None:

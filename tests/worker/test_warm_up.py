@@ -51,8 +51,6 @@ def test_the_steps_run_the_model_and_leave_the_kv_cache_as_it_was(tiny_llama_dir
     assert all(torch.equal(a, b) for a, b in zip(caches, before, strict=True))
 
 
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_served_steps_compile_no_attention_kernel_after_the_warm_up(small_model_dir: str,
