@@ -47,7 +47,7 @@ SWEEPS = {
     "q2_k": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_xs": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
     "iq4_nl": list(itertools.product([4, 8, 16], [1, 2], [1, 2], [0, 16, 32])),
-    # None: the defaults by K. Past 64 products a thread the accumulator spills.
+    # None: the defaults by shape. Past 64 products a thread the accumulator spills.
     "dense": [None] + [c for c in itertools.product([2, 4, 8, 16], [512, 1024, 2048], [2, 4, 8])
               if c[0] * c[1] <= 64 * 32 * c[2]],
 }

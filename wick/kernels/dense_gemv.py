@@ -15,9 +15,16 @@ from wick.kernels.activation import gated_gemv_output, gated_gemv_rows, gated_ge
 from wick.kernels.pdl import pdl_options
 from wick.kernels.rms_norm import RowNorm, scale_row
 
-# (rows a program, columns a step, warps) by the least K they serve (a step wider than K loads masked columns),
-# from `benchmarks/kernels/bench_quant_gemv.py --formats dense --sweep` over four models' layers on an H100.
-DENSE_GEMV_CONFIGS = [(2048, (2, 2048, 8)), (0, (2, 1024, 4))]
+# (rows a program, columns a step, warps): the wide step where K is at least WIDE_FROM_K, or fills one wide step with at
+# most FEW_ROWS rows of W; the narrow one elsewhere (a step wider than K loads masked columns). From
+# `benchmarks/kernels/bench_quant_gemv.py --formats dense,dense_silu --sweep` over five models' layers on an H200: at
+# K = 2,048 the wide step took 10-25% longer than two narrow ones (Qwen3-30B-A3B's qkv 7.0 against 6.0 us, its LM
+# head 148.0 against 137.1) but over Qwen3-0.6B's 1,024 rows of o (2.0-2.1 against 2.5-2.9: a few programs, each
+# wants more warps); from K = 4,096 on it is the best or as good.
+WIDE_GEMV_CONFIG = (2, 2048, 8)
+NARROW_GEMV_CONFIG = (2, 1024, 4)
+WIDE_FROM_K = 4096
+FEW_ROWS = 1024
 # Where the GEMV takes its x's RMSNorm (takes_norm): below this K, or at most this many rows of W (a router's). A
 # layer's GEMVs in CUDA graphs on an H200 (benchmarks/kernels/bench_norm_in_gemv.py, docs/benchmarks.md session
 # 25), us a layer with the norms in the GEMVs against as kernels: 14.6 against 15.7 at K 1,024, 39.9 against 36.0
@@ -30,6 +37,12 @@ NORM_MAX_ROWS = 256
 def takes_norm(n: int, k: int) -> bool:
     """Whether the GEMV over W [n, k] is to apply its x's RMSNorm itself (a RowNorm) rather than a kernel before."""
     return k < NORM_BELOW_K or n <= NORM_MAX_ROWS
+
+
+def default_config(rows: int, k: int) -> tuple[int, int, int]:
+    """(rows a program, columns a step, warps) of the GEMV over W [rows, k]."""
+    wide = k >= WIDE_FROM_K or (k >= WIDE_GEMV_CONFIG[1] and rows <= FEW_ROWS)
+    return WIDE_GEMV_CONFIG if wide else NARROW_GEMV_CONFIG
 
 
 @triton.jit
@@ -105,12 +118,12 @@ def dense_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
     """x [..., K] holding one row @ weight [N, K]^T (+ bias [N]) -> [..., N] in x's dtype; weight's rows
     contiguous. activation: an activation.ACTIVATIONS name: weight (and bias) hold gate rows then up rows, and
     the result is act(gate) * up, [..., N / 2]. norm: an RMSNorm of x and its residual first, its weight in
-    x's dtype. config: a DENSE_GEMV_CONFIGS entry's fields, for benchmarks and tests; None picks them."""
+    x's dtype. config: (rows a program, columns a step, warps), for benchmarks and tests; None: default_config's."""
     n, act = gated_gemv_shape(weight.shape[0], activation)
     k = weight.shape[1]
     x1 = x.reshape(k).contiguous()
     out = torch.empty(n, dtype=x.dtype, device=x.device)
-    block_n, block_k, warps = config or next(c for least_k, c in DENSE_GEMV_CONFIGS if k >= least_k)
+    block_n, block_k, warps = config or default_config(weight.shape[0], k)
     norm_args = (out, out, out, out, 0.0) if norm is None else (
         norm.residual, norm.weight, norm.residual_out, norm.normed_out, norm.eps)
     _dense_gemv_kernel[(triton.cdiv(n, block_n),)](
