@@ -106,8 +106,8 @@ def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_p
                 fifth = tl.load(words + block[:, None, None] + 4 + i[None, None, :])
                 codes_low |= ((fifth >> (2 * j[None, :, None])) & 0x01010101) << 4
                 codes_high |= ((fifth >> (2 * j[None, :, None] + 1)) & 0x01010101) << 4
-            # Q5_K reads x's words in the codes' layout, a copy a row: its loop gains (97.4 -> 77.3 us over
-            # Llama-3.1-8B's layers on an H200), Q4_K's does not (69.7 -> 71.0-73.0)
+            # Q5_K reads x's words in the codes' layout, a copy a row: its loop gains (97.4-97.7 -> 77.3-77.7 us
+            # over Llama-3.1-8B's layers on an H200), Q4_K's does not (70.0 -> 73.0)
             if FIFTH_BIT:
                 x_low = tl.load(x_words + blk * 64 + 16 * j[None, :, None] + i[None, None, :] + 0 * rows[:, None, None])
                 x_high = tl.load(x_words + blk * 64 + 16 * j[None, :, None] + 8 + i[None, None, :]
