@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import copy_bandwidth, kv_bytes_per_token, print_environment, weight_bytes
+from benchmarks.overrides import add_set_argument, apply_overrides
 from wick import LLM, SamplingParams
 
 
@@ -47,7 +48,9 @@ def main() -> None:
     parser.add_argument("--compare-hf", action="store_true")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    add_set_argument(parser)
     args = parser.parse_args()
+    apply_overrides(args.overrides, args.tensor_parallel_size)
     print_environment()
 
     llm = LLM(args.model, load_format=args.load_format, max_model_len=args.input_len + args.output_len + 16,

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from benchmarks.common import copy_bandwidth, kv_bytes_per_token, print_environment, weight_bytes
+from benchmarks.overrides import add_set_argument, apply_overrides
 from benchmarks.throughput import workload
 from wick import LLM, SamplingParams
 
@@ -81,7 +82,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--attention-backend", default=None)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None)
+    add_set_argument(parser)
     args = parser.parse_args()
+    apply_overrides(args.overrides)
     print_environment()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth: {bandwidth / 1e12:.2f} TB/s")

@@ -19,6 +19,7 @@ import torch
 from benchmarks.common import print_environment
 from benchmarks.graph_gaps import GraphGaps
 from benchmarks.kernel_timeline import print_timeline, step_timeline
+from benchmarks.overrides import add_set_argument, apply_overrides
 from wick import LLM, SamplingParams
 from wick.executor.step_channel import StepChannel
 from wick.worker.worker import Worker
@@ -76,7 +77,9 @@ def main() -> None:
                         help="time the GPU between decode graph replays with CUDA events (no profiler)")
     parser.add_argument("--cprofile-steps", type=int, default=0,
                         help="then run this many steps under cProfile and print the host functions by own time")
+    add_set_argument(parser)
     args = parser.parse_args()
+    apply_overrides(args.overrides, args.tensor_parallel_size)
     print_environment()
     StepChannel.send = _timed(StepChannel.send, "sending the step to the other ranks")
     Worker.execute_and_sample = _timed(Worker.execute_and_sample, "whole step on rank 0")

@@ -17,6 +17,7 @@ import torch
 
 from benchmarks.common import copy_bandwidth, kv_bytes_per_token, print_environment, weight_bytes
 from benchmarks.graph_gaps import GraphGaps
+from benchmarks.overrides import add_set_argument, apply_overrides
 from wick import LLM, SamplingParams
 
 
@@ -108,7 +109,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="run the workload under the torch profiler (GPU only) and print the GPU's time by kernel; "
                              "the profiler slows the host, so that run's tokens/s is not the engine's")
+    add_set_argument(parser)
     args = parser.parse_args()
+    apply_overrides(args.overrides, args.tensor_parallel_size)
     if args.profile and not torch.cuda.is_available():
         parser.error("--profile times GPU kernels: it needs CUDA")
     if args.profile and args.json is not None:
