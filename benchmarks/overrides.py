@@ -36,16 +36,21 @@ def apply_overrides(overrides: list[str], tensor_parallel_size: int = 1) -> None
         if not hasattr(module, name):
             raise SystemExit(f"--set {item!r}: {module_name} has no {name}")
         current = getattr(module, name)
+        if not isinstance(current, (tuple, int, float)) or isinstance(current, bool):
+            raise SystemExit(f"--set {item!r}: {name} is a {type(current).__name__}, not a number or a tuple")
         try:
-            if isinstance(current, tuple):
-                value = tuple(int(v) for v in text.split(","))
-                if len(value) != len(current):
-                    raise ValueError(f"{len(current)} values expected")
-            elif isinstance(current, (int, float)) and not isinstance(current, bool):
-                value = type(current)(text)
-            else:
-                raise SystemExit(f"--set {item!r}: {name} is a {type(current).__name__}, not a number or a tuple")
+            value = _parsed(text, current)
         except ValueError as error:
             raise SystemExit(f"--set {item!r}: {error}") from None
         setattr(module, name, value)
         print(f"set {target} = {value!r} (was {current!r})")
+
+
+def _parsed(text: str, current: tuple | int | float) -> tuple | int | float:
+    """text as a value of current's type (a tuple of as many ints)."""
+    if not isinstance(current, tuple):
+        return type(current)(text)
+    value = tuple(int(v) for v in text.split(","))
+    if len(value) != len(current):
+        raise ValueError(f"{len(current)} values expected")
+    return value
