@@ -19,8 +19,8 @@ from wick.kernels.rms_norm import RowNorm, scale_row
 # most FEW_ROWS rows of W; the narrow one elsewhere (a step wider than K loads masked columns). From
 # `benchmarks/kernels/bench_quant_gemv.py --formats dense,dense_silu --sweep` over five models' layers on an H200: at
 # K = 2,048 the wide step took 10-25% longer than two narrow ones (Qwen3-30B-A3B's qkv 7.0 against 6.0 us, its LM
-# head 148.0 against 137.1) but over Qwen3-0.6B's 1,024 rows of o (2.0-2.1 against 2.5-2.9: a few programs, each
-# wants more warps); from K = 4,096 on it is the best or as good.
+# head 148.0 against 137.1) but over Qwen3-0.6B's 1,024 rows of o (2.0-2.1 against 2.5: a few programs, each wants
+# more warps); from K = 4,096 on it is the best or as good.
 WIDE_GEMV_CONFIG = (2, 2048, 8)
 NARROW_GEMV_CONFIG = (2, 1024, 4)
 WIDE_FROM_K = 4096

@@ -109,12 +109,11 @@ def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_p
             # Q5_K reads x's words in the codes' layout, a copy a row: its loop gains (97.4-97.7 -> 77.3-77.7 us
             # over Llama-3.1-8B's layers on an H200), Q4_K's does not (70.0 -> 73.0)
             if FIFTH_BIT:
-                x_low = tl.load(x_words + blk * 64 + 16 * j[None, :, None] + i[None, None, :] + 0 * rows[:, None, None])
-                x_high = tl.load(x_words + blk * 64 + 16 * j[None, :, None] + 8 + i[None, None, :]
-                                 + 0 * rows[:, None, None])
+                x_at = x_words + blk * 64 + 16 * j[None, :, None] + i[None, None, :] + 0 * rows[:, None, None]
+                x_low, x_high = tl.load(x_at), tl.load(x_at + 8)
             else:
-                x_low = tl.load(x_words + blk * 64 + 16 * j[:, None] + i[None, :])[None, :, :]
-                x_high = tl.load(x_words + blk * 64 + 16 * j[:, None] + 8 + i[None, :])[None, :, :]
+                x_at = x_words + blk * 64 + 16 * j[:, None] + i[None, :]
+                x_low, x_high = tl.load(x_at)[None, :, :], tl.load(x_at + 8)[None, :, :]
             dot_low = tl.sum(dp4a(codes_low, x_low, DP4A), axis=2).to(tl.float32)
             dot_high = tl.sum(dp4a(codes_high, x_high, DP4A), axis=2).to(tl.float32)
             scale_low, min_low = k_scale_min_words(a, m, c, low_sub)
