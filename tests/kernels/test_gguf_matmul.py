@@ -17,9 +17,10 @@ from wick.kernels.gguf_matmul import (
     TRITON_TYPES,
     gguf_dequantize,
     gguf_expert_gemv,
+    gguf_int8_rows_matmul,
     gguf_matmul,
 )
-from wick.kernels.int8_activations import quantize_q8_ref
+from wick.kernels.int8_activations import quantize_q8, quantize_q8_ref
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -76,6 +77,16 @@ def test_int8_gemv(qtype: GGMLQuantizationType, config: tuple[int, int, int, int
     # x's int8 runs cost what llama.cpp's do: within 2% of the largest output of the float product
     exact = x @ w.t()
     torch.testing.assert_close(out, exact, atol=2e-2 * exact.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K], ids=lambda t: t.name)
+def test_int8_gemv_of_rows_already_rounded(qtype: GGMLQuantizationType) -> None:
+    """x's rows rounded to int8 before (by the norm kernel that wrote them) give what rounding them here gives."""
+    n, k = 24, 512
+    data = random_gguf(qtype, n, k, seed=8).data.to(DEVICE)
+    x = torch.randn(1, k, generator=torch.Generator().manual_seed(4)).to(DEVICE, torch.float16)
+    out = gguf_int8_rows_matmul(quantize_q8(x), data, qtype, n, x.dtype)
+    assert out.dtype == x.dtype and torch.equal(out, gguf_matmul(x, data, qtype, (n, k)))
 
 
 def _off_word_boundaries(data: torch.Tensor, offset: int) -> torch.Tensor:

@@ -52,12 +52,14 @@ VARIANTS = {
          "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32"},
         {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "PDL": 1})
        for decode in (False, True)},
-    **{f"rms norm pdl {pdl}": (
+    **{f"rms norm pdl {pdl}{', int8' if pdl == 3 else ''}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",
-         "out_ptr": "*bf16", "x_weight_ptr": "*bf16", "eps": "fp32", "x_eps": "fp32"},
-        {"D": 1024, "BLOCK_D": 1024, "BLOCK_ROWS": 2, "HAS_RESIDUAL": True, "X_NORM": False, "PDL": pdl})
-       for pdl in (1, 2)},
+         "out_ptr": "*bf16", "x_weight_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32",
+         "eps": "fp32", "x_eps": "fp32"},
+        {"D": 4096 if pdl == 3 else 1024, "BLOCK_D": 4096 if pdl == 3 else 1024, "BLOCK_ROWS": 1 if pdl == 3 else 2,
+         "HAS_RESIDUAL": True, "X_NORM": False, "QUANTIZE": pdl == 3, "INTERLEAVE": pdl == 3, "PDL": pdl})
+       for pdl in (1, 2, 3)},
     **{f"int8 gemv {name}": (
         f"wick.kernels.gguf_int8_gemv:{kernel}",
         {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*u8", "out_ptr": "*bf16",
@@ -118,7 +120,8 @@ print(json.dumps(order))
 @pytest.mark.skipif("nvidia" not in triton.backends.backends, reason="Triton without its CUDA backend")
 def test_kernels_compile_for_hopper() -> None:
     """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait); a small
-    kernel releases its successor before its wait where PDL is 1 and after it where 2, a GEMV at its start."""
+    kernel releases its successor before its wait where PDL is 1, after it where 2 and never where 3 (the norm that
+    rounds its row for an int8 GEMV), a GEMV at its start."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
@@ -128,4 +131,5 @@ def test_kernels_compile_for_hopper() -> None:
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
+    assert order["rms norm pdl 3, int8"] == ["wait"]
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from wick.kernels.int8_activations import quantize_q8
 from wick.kernels.rms_norm import (
     RowNorm,
     fused_add_rms_norm,
@@ -12,6 +13,7 @@ from wick.kernels.rms_norm import (
     rms_norm,
     rms_norm_ref,
     row_norm,
+    row_norm_q8,
 )
 from wick.layers.norm import RMSNorm
 
@@ -196,3 +198,21 @@ def test_row_norm_out_of_place(dtype: torch.dtype) -> None:
     assert out is norm.normed_out and torch.equal(residual, kept)
     torch.testing.assert_close(norm.residual_out, expected_sum, rtol=0, atol=0)
     assert_close(out, expected)
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["in_order", "interleaved"])
+@pytest.mark.parametrize("dim", [256, 384])
+def test_row_norm_rounds_its_row_to_int8(dim: int, interleave: bool) -> None:
+    """The norm kernel rounding its row for an int8 GEMV: the row and residual row_norm writes, and exactly the
+    codes, scales and sums quantize_q8 makes of that row (384: a row narrower than its power-of-two tile)."""
+    g = torch.Generator().manual_seed(12)
+    x, residual = (torch.randn(1, dim, generator=g).to(DEVICE, torch.float16) for _ in range(2))
+    weight = random_weight(dim, torch.float16)
+    fused, plain = (RowNorm(weight, 1e-6, residual, torch.empty_like(residual), torch.empty_like(x))
+                    for _ in range(2))
+    rows = row_norm_q8(x, fused, interleave)
+    row_norm(x, plain)
+    assert torch.equal(fused.normed_out, plain.normed_out) and torch.equal(fused.residual_out, plain.residual_out)
+    for got, expected in zip(rows, quantize_q8(plain.normed_out, interleave), strict=True):
+        assert torch.equal(got, expected)
+    assert rows.q.abs().max().item() == 127

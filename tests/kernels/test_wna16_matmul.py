@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.int8_activations import quantize_q8_ref
+from wick.kernels.int8_activations import quantize_q8, quantize_q8_ref
 from wick.kernels.wna16_matmul import (
     GEMV_MAX_ROWS,
     pack_rows,
     unpack_rows,
     wna16_dequantize,
     wna16_dequantize_triton,
+    wna16_int8_rows_matmul,
     wna16_matmul,
 )
 
@@ -75,6 +76,14 @@ def test_contiguous_group_gemv(bits: int, config: tuple[int, int, int, int] | No
 def test_int8_gemv_split_k(split_k: int) -> None:
     _check(4, 2, 320, 40, 32, False, torch.float32, gemv_config=(16, 32, 2, 0), split_k=split_k)
     assert not arrival_counts(torch.device(DEVICE)).any(), "a split GEMV leaves every tile's arrival count at 0"
+
+
+def test_int8_gemv_of_rows_already_rounded() -> None:
+    """x's row rounded to int8 before (by the norm kernel that wrote it) gives what rounding it here gives."""
+    qweight, scales, zeros, g_idx = _weights(4, 512, 40, 128, False, torch.float16)
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.float16)
+    out = wna16_int8_rows_matmul(quantize_q8(x, interleave=True), qweight, scales, zeros, 4, 128, x.dtype)
+    assert out.dtype == x.dtype and torch.equal(out, wna16_matmul(x, qweight, scales, zeros, g_idx, 4, group=128))
 
 
 def _check(bits: int, rows: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype,

@@ -24,29 +24,56 @@ def needs_cuda(test: Callable) -> Callable:
     return pytest.mark.gpu(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")(test))
 
 
+def _gptq_checkpoint(hf: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """hf's weights with its projections in GPTQ's 4-bit layout, groups of 128 in order."""
+    from int_checkpoints import gptq_tensors
+    from quantized_pair import is_projection
+
+    checkpoint = []
+    for name, tensor in hf.state_dict().items():
+        if is_projection(name):
+            tensors, _ = gptq_tensors(tensor, 4, 128, False, True, None)
+            checkpoint += [(f"{name.removesuffix('.weight')}.{key}", value) for key, value in tensors.items()]
+        else:
+            checkpoint.append((name, tensor))
+    return checkpoint
+
+
 def _layer(quantization: str | None) -> torch.nn.Module:
-    """The first layer of a small Llama in bf16 on the GPU, its projections quantized in situ to `quantization`."""
+    """The first layer of a small Llama in bf16 on the GPU, its projections quantized in situ to `quantization`, or
+    loaded from a GPTQ checkpoint ("gptq")."""
     from quantized_pair import build_ours, small_llama
 
+    from wick.layers.quantization.gptq import GPTQConfig
     from wick.layers.quantization.isq import InSituGGUFConfig
 
     hf = small_llama()
-    config = InSituGGUFConfig(quantization) if quantization else None
+    checkpoint = hf.state_dict().items()
+    if quantization == "gptq":
+        config = GPTQConfig.from_config({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+                                         "sym": True})
+        checkpoint = _gptq_checkpoint(hf)
+    else:
+        config = InSituGGUFConfig(quantization) if quantization else None
     default_dtype = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
         with torch.device("cuda"):
-            model = build_ours(hf.config, config, hf.state_dict().items())
+            model = build_ours(hf.config, config, checkpoint)
     finally:
         torch.set_default_dtype(default_dtype)
     return model.model.layers[0]
 
 
-@pytest.mark.parametrize(("quantization", "fused"), [(None, True), ("q4_k", False)])
+@pytest.mark.parametrize("quantization", [None, "q4_k", "gptq"])
 @needs_cuda
-def test_readers_apply_the_norm(quantization: str | None, fused: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bf16 weights: the GEMVs norm the row themselves (no norm kernel runs); Q4_K ones: the norm kernel runs."""
-    import wick.kernels.rms_norm as rms_norm_kernels  # Triton compiles or interprets as it is first imported
+def test_readers_apply_the_norm(quantization: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 weights: the GEMVs norm the row themselves (no norm kernel runs); Q4_K and GPTQ ones: the norm kernel
+    rounds its row to int8 for the int8 GEMVs (no rounding kernel runs)."""
+    # Triton compiles or interprets as a kernel module is first imported
+    import wick.kernels.gguf_int8_gemv as int8_gemv_kernels
+    import wick.kernels.rms_norm as rms_norm_kernels
+    import wick.kernels.wna16_matmul as wna16_kernels
 
     layer = _layer(quantization)
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -56,15 +83,18 @@ def test_readers_apply_the_norm(quantization: str | None, fused: bool, monkeypat
         normed, expected_residual = norm(x, residual.clone())
         expected = read(normed)
         with monkeypatch.context() as patch:
-            if fused:
-                patch.setattr(rms_norm_kernels, "row_norm", lambda *_: pytest.fail("a norm kernel ran"))
+            patch.setattr(rms_norm_kernels, "row_norm", lambda *_: pytest.fail("a norm kernel ran"))
+            for kernels in (int8_gemv_kernels, wna16_kernels):
+                patch.setattr(kernels, "quantize_q8", lambda *_, **__: pytest.fail("a rounding kernel ran"))
             pending, pending_residual = norm(x, residual.clone(), pending=True)
             assert isinstance(pending, PendingNorm)
             out = read(pending)
+        if quantization:  # the same codes reach the same GEMVs
+            assert torch.equal(out, expected)
         torch.testing.assert_close(out, expected, atol=2e-2 * expected.abs().max().item(), rtol=0)
         assert torch.equal(pending_residual, expected_residual)
         torch.testing.assert_close(pending.value(), normed, atol=1e-5, rtol=2**-6)
-    if quantization:
+    if quantization == "q4_k":
         assert layer.self_attn.qkv_proj.gguf_parts[0].data.is_cuda
 
 

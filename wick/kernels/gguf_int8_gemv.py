@@ -16,7 +16,7 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
 from wick.kernels.gguf_words import halves_word, iq4_level_bytes, k_scale_min_words, q4_k_head
-from wick.kernels.int8_activations import DP4A, dp4a, dp4a_signed, quantize_q8
+from wick.kernels.int8_activations import DP4A, Int8Rows, dp4a, dp4a_signed, quantize_q8
 from wick.kernels.pdl import pdl_options, pdl_prologue
 
 T = GGMLQuantizationType
@@ -372,19 +372,20 @@ def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr,
                        counts_ptr, M, N, SPLITS, SPLIT)
 
 
-def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
+def launch_int8_gemv(x: torch.Tensor | Int8Rows, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
                       experts: torch.Tensor | None, x_row_div: int, gemv_config: tuple[int, int, int, int] | None,
                       split_k: int | None) -> None:
     """out [rows, N] = each row's x row @ W^T by the int8 GEMV of `qtype`; data [N, row bytes], or with `experts`
-    (each output row's expert) [experts, N, row bytes], x's row then the output row // x_row_div."""
+    (each output row's expert) [experts, N, row bytes], x's row then the output row // x_row_div. x: float rows,
+    or rows already rounded to int8 (quantize_q8's, not interleaved)."""
     kernel, default, row_unit, takes_sums, options = _int8_gemv(qtype, data)
+    xq, xd, xs = x if isinstance(x, Int8Rows) else quantize_q8(x)
     m, n = out.shape
-    k = x.shape[1]
+    k = xq.shape[1]
     block_n, block_b, warps, split_warps = gemv_config or default
     block_n = fit_grid_rows(n, block_n)
     while (k // 256) % block_b:
         block_b //= 2
-    xq, xd, xs = quantize_q8(x)
     grid = (m, triton.cdiv(n, block_n))
     split = SplitK(k // 256 // block_b, m * grid[1], warps, split_warps, out, split_k)
     kernel[(*grid, split.splits)](
@@ -392,7 +393,7 @@ def launch_int8_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizatio
         out if experts is None else experts, 0 if experts is None else data.stride(0), m, n, k,
         data.stride(-2) // row_unit, split.steps * block_b, split.splits, out.stride(0), BLOCK_N=block_n,
         BLOCK_B=block_b, SPLIT=split.splits > 1, DP4A=DP4A, EXPERTS=experts is not None, X_ROW_DIV=x_row_div,
-        num_warps=warps, **options, **pdl_options(x))
+        num_warps=warps, **options, **pdl_options(xq))
 
 
 def _int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> tuple | None:

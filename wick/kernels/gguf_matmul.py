@@ -24,6 +24,7 @@ from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
 from wick.kernels.gguf_decode import TRITON_CODES, TRITON_TYPES, decode, iq4_levels
 from wick.kernels.gguf_int8_gemv import launch_int8_gemv, runs_int8_gemv
 from wick.kernels.gguf_tiles import TILE_MAX_ROWS, runs_tiles, tile_matmul
+from wick.kernels.int8_activations import Int8Rows
 
 # Rows of x up to which the GEMV form runs.
 GEMV_MAX_ROWS = 8
@@ -134,6 +135,15 @@ def gguf_matmul(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType
     else:
         _gemv(x2, data, qtype, out, None, 1, gemv_config, split_k)
     return out.reshape(*x.shape[:-1], n)
+
+
+def gguf_int8_rows_matmul(x: Int8Rows, data: torch.Tensor, qtype: GGMLQuantizationType, n: int,
+                          dtype: torch.dtype) -> torch.Tensor:
+    """x's rows (at most GEMV_MAX_ROWS), already rounded to int8, @ W^T -> [M, n] in `dtype` by the int8 GEMV of
+    `qtype`, where runs_int8_gemv(qtype, data)."""
+    out = torch.empty(x.q.shape[0], n, dtype=dtype, device=x.q.device)
+    launch_int8_gemv(x, data, qtype, out, None, 1, None, None)
+    return out
 
 
 def _gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,

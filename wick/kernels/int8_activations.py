@@ -5,6 +5,7 @@ of x's at a time (PTX dp4a), summing in integers before any scale applies."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -12,6 +13,15 @@ import triton.language as tl
 
 # dp4a is PTX: compiled kernels take it, the interpreter spells it out.
 DP4A = os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+
+class Int8Rows(NamedTuple):
+    """Rows of x rounded to int8 by quantize_q8 (or by the norm kernel that wrote x, kernels/rms_norm.row_norm_q8):
+    codes q [M, K], and per run of 32 d and d * sum(codes) [M, K / 32] (float32)."""
+
+    q: torch.Tensor
+    d: torch.Tensor
+    s: torch.Tensor
 
 
 @triton.jit
@@ -59,44 +69,60 @@ def byte_perm(a, b, selector, DP4A: tl.constexpr):
 
 
 @triton.jit
+def quantize_runs(x):
+    """x [runs, 32] in float32 -> its int8 codes (as int32), d and d * sum(codes) [runs]. The rounding is one fused
+    multiply-add, so that a kernel compiled without contraction (the norm's) rounds as this module's does."""
+    d = tl.max(tl.abs(x), axis=1) / 127.0
+    inv = tl.where(d > 0, 1.0 / tl.maximum(d, 1e-30), 0.0)
+    q = tl.floor(tl.fma(x, inv[:, None], 0.5)).to(tl.int32)
+    return q, d, d * tl.sum(q, axis=1).to(tl.float32)
+
+
+@triton.jit
+def store_runs(x, q_ptr, d_ptr, s_ptr, runs, K, INTERLEAVE: tl.constexpr):
+    """Rounds x [runs, 32] (float32; runs past K / 32 are not stored) and stores one row's codes, d and sums at
+    q_ptr, d_ptr and s_ptr. INTERLEAVE stores each eight codes as the even ones then the odd ones, so that a word
+    of eight 4-bit weights (GPTQ's) meets x's codes in two dp4a: its low nibbles against the first four, its high
+    nibbles against the last."""
+    q, d, s = quantize_runs(x)
+    if INTERLEAVE:  # code 8g + 2p + b to 8g + 4b + p, in registers: stores to scattered bytes cost a one-program
+        # norm (rms_norm.row_norm_q8) 2.5 us more on an H200
+        q = tl.reshape(tl.permute(tl.reshape(q, [q.shape[0], 4, 4, 2]), [0, 1, 3, 2]), [q.shape[0], 32])
+    run_mask = runs < K // 32
+    tl.store(q_ptr + runs[:, None] * 32 + tl.arange(0, 32)[None, :], q.to(tl.int8), mask=run_mask[:, None])
+    tl.store(d_ptr + runs, d, mask=run_mask)
+    tl.store(s_ptr + runs, s, mask=run_mask)
+
+
+@triton.jit
 def _quantize_q8_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, stride_xm, CHUNKS: tl.constexpr, INTERLEAVE: tl.constexpr):
-    """CHUNKS runs of one row of x: codes, d and d * sum(codes) per run. INTERLEAVE stores each eight codes
-    as the even ones then the odd ones, so that a word of eight 4-bit weights (GPTQ's) meets x's codes in two
-    dp4a: its low nibbles against the first four, its high nibbles against the last.
+    """CHUNKS runs of one row of x: codes, d and d * sum(codes) per run (store_runs).
 
     Launched without PDL (pdl.py), so the int8 GEMV after it launches only once the kernels before have ended:
     its programs, one wave sized to the SMs, launched into a busy GPU would crowd onto the SMs left free (Llama-
     3.1-8B in Q4_K at batch 1 fell from 1.71x to 1.29x bf16, docs/benchmarks.md, session 21)."""
     row = tl.program_id(0).to(tl.int64)
     runs = tl.program_id(1) * CHUNKS + tl.arange(0, CHUNKS)
-    e = tl.arange(0, 32)
-    offs = runs[:, None] * 32 + e[None, :]
-    mask = offs < K
-    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
-    d = tl.max(tl.abs(x), axis=1) / 127.0
-    inv = tl.where(d > 0, 1.0 / tl.maximum(d, 1e-30), 0.0)
-    q = tl.floor(x * inv[:, None] + 0.5).to(tl.int32)
-    if INTERLEAVE:
-        f = e % 8
-        dest = runs[:, None] * 32 + (e - f + f // 2 + 4 * (f % 2))[None, :]
-    else:
-        dest = offs
-    tl.store(q_ptr + row * K + dest, q.to(tl.int8), mask=mask)
-    run_mask = runs < K // 32
-    tl.store(d_ptr + row * (K // 32) + runs, d, mask=run_mask)
-    tl.store(s_ptr + row * (K // 32) + runs, d * tl.sum(q, axis=1).to(tl.float32), mask=run_mask)
+    offs = runs[:, None] * 32 + tl.arange(0, 32)[None, :]
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < K, other=0.0).to(tl.float32)
+    store_runs(x, q_ptr + row * K, d_ptr + row * (K // 32), s_ptr + row * (K // 32), runs, K, INTERLEAVE)
 
 
-def quantize_q8(x: torch.Tensor, interleave: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def int8_rows_like(x: torch.Tensor) -> Int8Rows:
+    """Uninitialized Int8Rows for x [M, K] (K a multiple of 32)."""
+    m, k = x.shape
+    d = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
+    return Int8Rows(torch.empty(m, k, dtype=torch.int8, device=x.device), d, torch.empty_like(d))
+
+
+def quantize_q8(x: torch.Tensor, interleave: bool = False) -> Int8Rows:
     """x [M, K] (K a multiple of 32) -> int8 codes [M, K], scales d and d * sum(codes) [M, K / 32] (float32)."""
     m, k = x.shape
-    q = torch.empty(m, k, dtype=torch.int8, device=x.device)
-    d = torch.empty(m, k // 32, dtype=torch.float32, device=x.device)
-    s = torch.empty_like(d)
+    q, d, s = rows = int8_rows_like(x)
     chunks = 8
     _quantize_q8_kernel[(m, triton.cdiv(k // 32, chunks))](x, q, d, s, k, x.stride(0), CHUNKS=chunks,
                                                             INTERLEAVE=interleave)
-    return q, d, s
+    return rows
 
 
 def quantize_q8_ref(x: torch.Tensor) -> torch.Tensor:

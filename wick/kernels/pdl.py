@@ -27,6 +27,9 @@ import triton.language as tl
 
 # gdc_wait, gdc_launch_dependents and the launch_pdl option came together (Triton 3.4).
 TRITON_HAS_PDL = hasattr(tl.extra.cuda, "gdc_wait")
+# The PDL value of a kernel that waits for the one before it and never releases its successor early (the successor
+# launches once it has ended).
+WAIT_ONLY = 3
 # Models whose hidden size is below this have small kernels release their successor at their start.
 RELEASE_EARLY_BELOW_HIDDEN = 2048
 _release_early = True
@@ -61,10 +64,12 @@ def pdl_options(t: torch.Tensor) -> dict[str, int | bool]:
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     """Where PDL is 1: lets the kernel's successor launch, then waits for the kernel before it; where 2, the other
-    way round."""
+    way round; where WAIT_ONLY (3), only waits."""
     if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     elif PDL == 2:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    elif PDL == 3:
+        tl.extra.cuda.gdc_wait()

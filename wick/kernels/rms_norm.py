@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import pdl_options, pdl_prologue
+from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
+from wick.kernels.pdl import WAIT_ONLY, pdl_options, pdl_prologue
 
 
 class RowNorm(NamedTuple):
@@ -52,11 +53,12 @@ def _normalize(x, weight_ptr, cols, eps, D: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, x_weight_ptr,
+    x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, x_weight_ptr, q_ptr, d_ptr, s_ptr,
     num_rows, heads, stride_xt, stride_xh, stride_xd, stride_rt, stride_rh, stride_rd, eps, x_eps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    X_NORM: tl.constexpr, PDL: tl.constexpr,
+    X_NORM: tl.constexpr, QUANTIZE: tl.constexpr, INTERLEAVE: tl.constexpr, PDL: tl.constexpr,
 ):
+    """Where QUANTIZE (one row a program) the normed row is also rounded to int8 (int8_activations.store_runs)."""
     pdl_prologue(PDL)
     rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
@@ -73,6 +75,11 @@ def _rms_norm_kernel(
         tl.store(residual_out_ptr + r_offsets, x, mask=mask)
     out = _normalize(x, weight_ptr, cols, eps, D).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * D + cols[None, :], out, mask=mask)
+    if QUANTIZE:
+        runs = tl.reshape(out.to(tl.float32), [BLOCK_D // 32, 32])
+        row = tl.program_id(0).to(tl.int64)
+        store_runs(runs, q_ptr + row * D, d_ptr + row * (D // 32), s_ptr + row * (D // 32),
+                   tl.arange(0, BLOCK_D // 32), D, INTERLEAVE)
 
 
 def _as_heads(x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +89,8 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
 
 def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
             x_norm: tuple[torch.Tensor, float] | None = None, residual_out: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, int8_out: Int8Rows | None = None, interleave: bool = False
+            ) -> torch.Tensor:
     if out is None:
         out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
     x3 = _as_heads(x)
@@ -95,13 +103,18 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if num_rows == 0:
         return out
     block_d = triton.next_power_of_2(dim)
-    block_rows = max(1, _ELEMENTS_PER_PROGRAM // block_d)
+    block_rows = 1 if int8_out else max(1, _ELEMENTS_PER_PROGRAM // block_d)
     x_weight, x_eps = x_norm or (weight, eps)
+    options = pdl_options(x)
+    if int8_out and options["PDL"]:
+        # the int8 GEMV after it is to launch once it has ended (int8_activations.quantize_q8)
+        options["PDL"] = WAIT_ONLY
     _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
-        x3, r3, r3_out, weight, out, x_weight,
+        x3, r3, r3_out, weight, out, x_weight, *(int8_out or (out, out, out)),
         num_rows, heads, *x3.stride(), *r3.stride(), eps, x_eps,
         D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None, X_NORM=x_norm is not None,
-        num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x),
+        QUANTIZE=int8_out is not None, INTERLEAVE=interleave,
+        num_warps=min(16, max(1, block_rows * block_d // 256)), **options,
         # a product and the sum after its rounding contracted into one fma would skip the rounding the
         # unfused kernels make (16% of a bf16 residual's elements differed on an H100 with contraction on)
         enable_fp_fusion=False,
@@ -134,6 +147,15 @@ def row_norm(x: torch.Tensor, norm: RowNorm) -> torch.Tensor:
     """The norm's rows by this module's kernel, out of place: x + norm.residual into norm.residual_out, its RMSNorm
     into norm.normed_out, which is returned."""
     return _launch(x, norm.residual, norm.weight, norm.eps, residual_out=norm.residual_out, out=norm.normed_out)
+
+
+def row_norm_q8(x: torch.Tensor, norm: RowNorm, interleave: bool = False) -> Int8Rows:
+    """row_norm's, and the normed rows rounded to int8 as int8_activations.quantize_q8(normed, interleave) rounds
+    them, by the same kernel (x [M, D], D a multiple of 32)."""
+    int8_out = int8_rows_like(x.reshape(-1, x.shape[-1]))
+    _launch(x, norm.residual, norm.weight, norm.eps, residual_out=norm.residual_out, out=norm.normed_out,
+            int8_out=int8_out, interleave=interleave)
+    return int8_out
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.gemv_split import SplitK, store_split_output
-from wick.kernels.int8_activations import DP4A, dp4a, quantize_q8
+from wick.kernels.int8_activations import DP4A, Int8Rows, dp4a, quantize_q8
 from wick.kernels.pdl import pdl_options, pdl_prologue
 
 
@@ -295,30 +295,40 @@ def takes_int8_activations(bits: int, group: int, k: int, block_k: int = WNA16_G
     return bits == 4 and step % 32 == 0 and k % step == 0
 
 
-def _gemv(x2: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
-          out: torch.Tensor, experts: torch.Tensor | None, x_row_div: int, config: tuple[int, int, int, int],
-          split_k: int | None) -> None:
+def _gemv(x2: torch.Tensor | Int8Rows, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+          group: int, out: torch.Tensor, experts: torch.Tensor | None, x_row_div: int,
+          config: tuple[int, int, int, int], split_k: int | None) -> None:
     """out[m] = x2[m // x_row_div] @ W (of expert experts[m] of stacked [E, ...] ones where experts is given), W's
-    groups contiguous: 4-bit W against x rounded to int8 where the groups hold whole 32-row runs, else in floats."""
-    m, (n, k) = out.shape[0], (out.shape[1], x2.shape[1])
+    groups contiguous: 4-bit W against x rounded to int8 where the groups hold whole 32-row runs (x2 may come rounded,
+    quantize_q8's interleaved), else in floats."""
+    m, (n, k) = out.shape[0], (out.shape[1], (x2.q if isinstance(x2, Int8Rows) else x2).shape[1])
     block_n, block_k, warps, split_warps = config
     stacked = experts is not None
     expert_strides = (qweight.stride(0), scales.stride(0)) if stacked else (0, 0)
     step = math.gcd(block_k, group)
     grid = (m, triton.cdiv(n, block_n))
     if takes_int8_activations(bits, group, k, block_k):
-        xq, xd, xs = quantize_q8(x2, interleave=True)
+        xq, xd, xs = x2 if isinstance(x2, Int8Rows) else quantize_q8(x2, interleave=True)
         split = SplitK(k // step, m * grid[1], warps, split_warps, out, split_k)
         _w4a8_gemv_kernel[(*grid, split.splits)](
             xq, xd, xs, qweight, scales, zeros, out, split.work, split.counts, experts if stacked else out, m, n, k,
             group, split.steps, split.splits, out.stride(0), *expert_strides, BLOCK_N=block_n, BLOCK_K=step,
             SPLIT=split.splits > 1, DP4A=DP4A, X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps,
-            **pdl_options(x2))
+            **pdl_options(xq))
         return
     _wna16_gemv_kernel[grid](
         x2, qweight, scales, zeros, out, experts if stacked else out, n, k, group, x2.stride(0), out.stride(0),
         *expert_strides, BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0,
         X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps)
+
+
+def wna16_int8_rows_matmul(x: Int8Rows, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
+                           group: int, dtype: torch.dtype) -> torch.Tensor:
+    """x's rows (at most GEMV_MAX_ROWS), already rounded to int8 (quantize_q8's, interleaved), @ W -> [M, N] in
+    `dtype` by the int8 GEMV, where takes_int8_activations(bits, group, K)."""
+    out = torch.empty(x.q.shape[0], qweight.shape[1], dtype=dtype, device=x.q.device)
+    _gemv(x, qweight, scales, zeros, bits, group, out, None, 1, WNA16_GEMV_CONFIG, None)
+    return out
 
 
 # (columns, input rows a step, warps, warps an SM that splitting K aims at) of the expert GEMV.

@@ -7,13 +7,15 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
+    from wick.kernels.int8_activations import Int8Rows
     from wick.kernels.rms_norm import RowNorm
 
 
 class PendingNorm:
     """RMSNorm(x + residual) of one row (a batch-1 step's) left for the layer that reads it: a kernel of that
     layer that can apply it on its way (kernels/rms_norm.RowNorm: the float GEMV where K is small) takes it, and
-    no norm kernel runs; else `value()` runs one. `residual`, x + residual out of place, is written by whichever
+    no norm kernel runs; an int8 GEMV takes `int8_rows()`, the norm kernel's row rounded by that kernel; else
+    `value()` runs one. `residual`, x + residual out of place, is written by whichever
     runs first."""
 
     def __init__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
@@ -31,6 +33,19 @@ class PendingNorm:
         self._normed = torch.empty_like(self.x)
         weight, eps, residual = self._norm
         return RowNorm(weight, eps, residual, self.residual, self._normed)
+
+    def int8_rows(self, interleave: bool = False) -> Int8Rows:
+        """The normed row rounded to int8 for an int8 GEMV (kernels/int8_activations.quantize_q8(row, interleave)'s):
+        by the norm kernel as it norms where no kernel has normed the row yet, so no rounding kernel runs; else
+        from the row."""
+        norm = self.take()
+        if norm is None:
+            from wick.kernels.int8_activations import quantize_q8
+
+            return quantize_q8(self._normed, interleave)
+        from wick.kernels.rms_norm import row_norm_q8
+
+        return row_norm_q8(self.x, norm, interleave)
 
     def value(self) -> torch.Tensor:
         """The normed row."""

@@ -17,6 +17,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from torch import nn
 
+from wick.layers.pending_norm import PendingNorm, normed
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
 from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
@@ -135,6 +136,8 @@ class GGUFLinearMethod(LinearMethod):
     """The layer's `weight` parameter is a placeholder for the loader; the packed shards live in
     `layer.gguf_shards` (while loading) and `layer.gguf_parts` (after)."""
 
+    reads_pending_norm = True
+
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
         weight = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
@@ -184,15 +187,33 @@ class GGUFLinearMethod(LinearMethod):
             return layer.cpu_kernel.tensors()
         return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
         if layer.cpu_kernel is not None:
-            out = layer.cpu_kernel(x)
+            out = layer.cpu_kernel(normed(x))
             return out + bias if bias is not None else out
         return apply_gguf_parts(layer.gguf_parts, x, bias)
 
 
-def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ [part_0; part_1; ...]^T (+ bias)."""
-    outputs = [gguf_linear(x, part) for part in parts]
+def _runs_int8_gemv(part: GGUFWeight) -> bool:
+    """Whether a row reaching `part` on the GPU takes its int8 GEMV."""
+    if part.cpu_kernel is not None or part.qtype not in _triton_types():
+        return False
+    from wick.kernels.gguf_int8_gemv import runs_int8_gemv
+
+    return runs_int8_gemv(part.qtype, part.data)
+
+
+def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor | PendingNorm, bias: torch.Tensor | None
+                     ) -> torch.Tensor:
+    """x @ [part_0; part_1; ...]^T (+ bias). A pending norm's row that only int8 GEMVs read reaches them rounded to
+    int8 by the norm kernel, once for every part."""
+    if isinstance(x, PendingNorm) and all(_runs_int8_gemv(part) for part in parts):
+        from wick.kernels.gguf_matmul import gguf_int8_rows_matmul
+
+        rows = x.int8_rows()
+        outputs = [gguf_int8_rows_matmul(rows, part.data, part.qtype, part.shape[0], x.x.dtype) for part in parts]
+    else:
+        x = normed(x)
+        outputs = [gguf_linear(x, part) for part in parts]
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
     return out + bias if bias is not None else out

@@ -13,7 +13,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from wick.kernels.wna16_matmul import pack_rows, unpack_rows, wna16_dequantize
+from wick.kernels.wna16_matmul import (
+    WNA16_GEMV_CONFIG,
+    pack_rows,
+    takes_int8_activations,
+    unpack_rows,
+    wna16_dequantize,
+)
+from wick.layers.pending_norm import PendingNorm, normed
 from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
 
 
@@ -52,6 +59,8 @@ class GPTQConfig(QuantizationConfig):
 
 
 class GPTQLinearMethod(LinearMethod):
+    reads_pending_norm = True
+
     def __init__(self, config: GPTQConfig) -> None:
         self.config = config
 
@@ -102,7 +111,7 @@ class GPTQLinearMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return wna16_held_tensors(layer)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_wna16(layer, x, bias)
 
 
@@ -138,7 +147,22 @@ def wna16_held_tensors(layer: nn.Module) -> list[torch.Tensor]:
     return [layer.wna16_zeros] + ([layer.wna16_perm] if layer.wna16_perm is not None else [])
 
 
-def apply_wna16(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _takes_int8_rows(layer: nn.Module, k: int) -> bool:
+    """Whether a row reaching the layer on the GPU takes the int8 GEMV, its columns in order."""
+    group = layer.wna16_contiguous_group
+    return (layer.wna16_perm is None and group is not None and layer.qweight.is_cuda
+            and takes_int8_activations(layer.wna16_bits, group, k, WNA16_GEMV_CONFIG[1]))
+
+
+def apply_wna16(layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ W (+ bias). A pending norm's row that the int8 GEMV reads reaches it rounded by the norm kernel."""
+    if isinstance(x, PendingNorm) and _takes_int8_rows(layer, x.x.shape[-1]):
+        from wick.kernels.wna16_matmul import wna16_int8_rows_matmul
+
+        out = wna16_int8_rows_matmul(x.int8_rows(interleave=True), layer.qweight, layer.scales, layer.wna16_zeros,
+                                     layer.wna16_bits, layer.wna16_contiguous_group, x.x.dtype)
+        return out + bias if bias is not None else out
+    x = normed(x)
     if layer.wna16_perm is not None:
         x = x.index_select(-1, layer.wna16_perm)
     if x.is_cuda and x.numel() < DEQUANTIZE_MIN_ROWS * x.shape[-1]:

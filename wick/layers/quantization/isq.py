@@ -15,6 +15,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
+from wick.layers.pending_norm import PendingNorm
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 from wick.layers.quantization.gguf import GGUFWeight, apply_gguf_parts
 from wick.layers.quantization.gguf_quantize import quantize
@@ -53,6 +54,8 @@ def _type_for(qtype: GGMLQuantizationType, columns: int) -> GGMLQuantizationType
 
 
 class InSituGGUFMethod(LinearMethod):
+    reads_pending_norm = True
+
     def __init__(self, qtype: GGMLQuantizationType) -> None:
         self.qtype = qtype
 
@@ -98,5 +101,5 @@ class InSituGGUFMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
         return apply_gguf_parts(layer.gguf_parts, x, bias)
