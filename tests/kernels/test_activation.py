@@ -8,7 +8,8 @@ from functools import partial
 import pytest
 import torch
 
-from wick.kernels.activation import gelu_and_mul, gelu_and_mul_ref, silu_and_mul, silu_and_mul_ref
+from wick.kernels.activation import act_and_mul_q8, gelu_and_mul, gelu_and_mul_ref, silu_and_mul, silu_and_mul_ref
+from wick.kernels.int8_activations import quantize_q8
 from wick.layers.activation import GeluAndMul, SiluAndMul
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -67,6 +68,18 @@ def test_matches_layer_torch_path(activation: str, dtype: torch.dtype) -> None:
     kernel, _, layer = ACTIVATIONS[activation]
     x = torch.randn(5, 64, dtype=dtype) * 4
     torch.testing.assert_close(kernel(x.to(DEVICE)).cpu(), layer()(x), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["in_order", "interleaved"])
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_rounds_its_row_to_int8(activation: str, interleave: bool) -> None:
+    """The activation kernel rounding its row for an int8 GEMV: exactly the codes, scales and sums quantize_q8 makes
+    of the row the kernel writes (1,056 features: the last program's 1,024 only partly in the row)."""
+    x = torch.randn(1, 2 * 1056, generator=torch.Generator().manual_seed(9)).to(DEVICE, torch.float16)
+    rows = act_and_mul_q8(x, activation, interleave)
+    expected = quantize_q8(ACTIVATIONS[activation][0](x), interleave)
+    for got, want in zip(rows, expected, strict=True):
+        assert torch.equal(got, want)
 
 
 def test_rejects_odd_width() -> None:

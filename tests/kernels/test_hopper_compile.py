@@ -60,6 +60,10 @@ VARIANTS = {
         {"D": 4096 if pdl == 3 else 1024, "BLOCK_D": 4096 if pdl == 3 else 1024, "BLOCK_ROWS": 1 if pdl == 3 else 2,
          "HAS_RESIDUAL": True, "X_NORM": False, "QUANTIZE": pdl == 3, "INTERLEAVE": pdl == 3, "PDL": pdl})
        for pdl in (1, 2, 3)},
+    "act and mul, int8": (
+        "wick.kernels.activation:_act_and_mul_kernel",
+        {"x_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
+        {"ACT": 0, "BLOCK": 1024, "QUANTIZE": True, "INTERLEAVE": True, "PDL": 3}),
     **{f"int8 gemv {name}": (
         f"wick.kernels.gguf_int8_gemv:{kernel}",
         {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*u8", "out_ptr": "*bf16",
@@ -121,7 +125,7 @@ print(json.dumps(order))
 def test_kernels_compile_for_hopper() -> None:
     """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait); a small
     kernel releases its successor before its wait where PDL is 1, after it where 2 and never where 3 (the norm that
-    rounds its row for an int8 GEMV), a GEMV at its start."""
+    rounds its row for an int8 GEMV, and the activation that does), a GEMV at its start."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
@@ -131,5 +135,5 @@ def test_kernels_compile_for_hopper() -> None:
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
-    assert order["rms norm pdl 3, int8"] == ["wait"]
+    assert order["rms norm pdl 3, int8"] == order["act and mul, int8"] == ["wait"]
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"

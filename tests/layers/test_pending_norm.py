@@ -69,8 +69,10 @@ def _layer(quantization: str | None) -> torch.nn.Module:
 @needs_cuda
 def test_readers_apply_the_norm(quantization: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """bf16 weights: the GEMVs norm the row themselves (no norm kernel runs); Q4_K and GPTQ ones: the norm kernel
-    rounds its row to int8 for the int8 GEMVs (no rounding kernel runs)."""
+    rounds its row to int8 for the int8 GEMVs, and in the MLP the activation kernel its row for the down projection
+    (no rounding kernel runs, nor the plain activation kernel)."""
     # Triton compiles or interprets as a kernel module is first imported
+    import wick.kernels.activation as activation_kernels
     import wick.kernels.gguf_int8_gemv as int8_gemv_kernels
     import wick.kernels.rms_norm as rms_norm_kernels
     import wick.kernels.wna16_matmul as wna16_kernels
@@ -78,14 +80,20 @@ def test_readers_apply_the_norm(quantization: str | None, monkeypatch: pytest.Mo
     layer = _layer(quantization)
     g = torch.Generator(device="cuda").manual_seed(0)
     x, residual = (torch.randn(1, 256, generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-    for norm, read in ((layer.input_layernorm, layer.self_attn.qkv_proj),
-                       (layer.post_attention_layernorm, lambda h: layer.mlp.gate_up_proj.gated(h, layer.mlp.act_fn))):
+    mlp = layer.mlp
+    for norm, read, reference in (
+            (layer.input_layernorm, layer.self_attn.qkv_proj, layer.self_attn.qkv_proj),
+            (layer.post_attention_layernorm, lambda h: mlp.gate_up_proj.gated(h, mlp.act_fn),
+             lambda h: mlp.act_fn(mlp.gate_up_proj(h))),
+            (layer.post_attention_layernorm, mlp, lambda h: mlp.down_proj(mlp.act_fn(mlp.gate_up_proj(h))))):
         normed, expected_residual = norm(x, residual.clone())
-        expected = read(normed)
+        expected = reference(normed)
         with monkeypatch.context() as patch:
             patch.setattr(rms_norm_kernels, "row_norm", lambda *_: pytest.fail("a norm kernel ran"))
             for kernels in (int8_gemv_kernels, wna16_kernels):
                 patch.setattr(kernels, "quantize_q8", lambda *_, **__: pytest.fail("a rounding kernel ran"))
+            if quantization and read is mlp:
+                patch.setattr(activation_kernels, "silu_and_mul", lambda *_: pytest.fail("an activation kernel ran"))
             pending, pending_residual = norm(x, residual.clone(), pending=True)
             assert isinstance(pending, PendingNorm)
             out = read(pending)

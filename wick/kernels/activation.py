@@ -11,7 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.pdl import pdl_options, pdl_prologue
+from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
+from wick.kernels.pdl import WAIT_ONLY, pdl_options, pdl_prologue
 
 _BLOCK = 1024
 # The activations by name (the gated kernels' ACT values).
@@ -72,16 +73,22 @@ def gated_gemv_output(sums, tile, N, out_ptr, BLOCK_N: tl.constexpr, ACT: tl.con
 
 
 @triton.jit
-def _act_and_mul_kernel(x_ptr, out_ptr, stride_x, features, ACT: tl.constexpr, BLOCK: tl.constexpr,
-                        PDL: tl.constexpr):
+def _act_and_mul_kernel(x_ptr, out_ptr, q_ptr, d_ptr, s_ptr, stride_x, features, ACT: tl.constexpr,
+                        BLOCK: tl.constexpr, QUANTIZE: tl.constexpr, INTERLEAVE: tl.constexpr, PDL: tl.constexpr):
+    """Where QUANTIZE the row is rounded to int8 instead of stored (int8_activations.store_runs)."""
     pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < features
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     up = tl.load(x_ptr + row * stride_x + features + cols, mask=mask, other=0.0)
-    out = gated_activation(gate, up, ACT)
-    tl.store(out_ptr + row * features + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = gated_activation(gate, up, ACT).to(out_ptr.dtype.element_ty)
+    if QUANTIZE:
+        runs = tl.program_id(1) * (BLOCK // 32) + tl.arange(0, BLOCK // 32)
+        store_runs(tl.reshape(out.to(tl.float32), [BLOCK // 32, 32]), q_ptr + row * features,
+                   d_ptr + row * (features // 32), s_ptr + row * (features // 32), runs, features, INTERLEAVE)
+    else:
+        tl.store(out_ptr + row * features + cols, out, mask=mask)
 
 
 def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
@@ -95,10 +102,26 @@ def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
     if rows.shape[0] == 0:
         return out
     _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
-        rows, out, rows.stride(0), features, ACT=ACTIVATIONS[activation], BLOCK=_BLOCK,
-        num_warps=4, **pdl_options(x)
+        rows, out, out, out, out, rows.stride(0), features, ACT=ACTIVATIONS[activation], BLOCK=_BLOCK,
+        QUANTIZE=False, INTERLEAVE=False, num_warps=4, **pdl_options(x)
     )
     return out
+
+
+def act_and_mul_q8(x: torch.Tensor, activation: str, interleave: bool = False) -> Int8Rows:
+    """act(gate) * up of x [M, 2F] (an ACTIVATIONS name; F a multiple of 32) rounded to int8 as
+    int8_activations.quantize_q8(its rows, interleave) rounds them, in one kernel, which the int8 GEMV after it
+    waits for whole (its launch is not released early)."""
+    rows = x.reshape(-1, x.shape[-1])
+    features = rows.shape[1] // 2
+    int8_out = int8_rows_like(rows[:, :features])
+    options = pdl_options(x)
+    if options["PDL"]:
+        options["PDL"] = WAIT_ONLY
+    _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
+        rows, x, *int8_out, rows.stride(0), features, ACT=ACTIVATIONS[activation], BLOCK=_BLOCK, QUANTIZE=True,
+        INTERLEAVE=interleave, num_warps=4, **options)
+    return int8_out
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

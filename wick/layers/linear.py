@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
-from wick.layers.pending_norm import PendingNorm, normed
+from wick.layers.pending_act import PendingAct
+from wick.layers.pending_norm import PendingNorm, resolved
 from wick.layers.quantization.base import LinearMethod, current_quantization
 from wick.layers.quantization.gguf import as_dense
 from wick.layers.quantization.unquantized import UnquantizedLinearMethod
@@ -114,7 +115,7 @@ class LinearBase(nn.Module):
 
     def _input(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | PendingNorm:
         """x as the method takes it: a pending norm where the method may apply it itself, else a tensor."""
-        return x if self.quant_method.reads_pending_norm else normed(x)
+        return x if self.quant_method.reads_pending_norm else resolved(x)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -144,11 +145,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def shard_index(self, shard_id: int | str | None) -> int:
         return int(shard_id)  # type: ignore[arg-type]
 
-    def gated(self, x: torch.Tensor | PendingNorm, act_fn: nn.Module) -> torch.Tensor:
+    def gated(self, x: torch.Tensor | PendingNorm, act_fn: nn.Module, pending: bool = False
+              ) -> torch.Tensor | PendingAct:
         """act_fn (wick.layers.activation's) over this layer's two outputs, gate and up: in one kernel where the
-        weights' method has one for x, else the layer then act_fn."""
+        weights' method has one for x, else the layer then act_fn, which with `pending` (its reader takes
+        PendingAct) is left to the reader for one row on CUDA."""
         out = self.quant_method.apply_gated(self, self._input(x), self.bias, act_fn.kernel_name)
-        return act_fn(self.forward(x)) if out is None else out
+        if out is not None:
+            return out
+        out = self.forward(x)
+        if pending and out.is_cuda and out.dim() == 2 and out.shape[0] == 1 and out.shape[1] % 64 == 0:
+            return PendingAct(out, act_fn)
+        return act_fn(out)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -199,5 +207,6 @@ class RowParallelLinear(LinearBase):
     def input_shard(self) -> tuple[int, int]:
         return self.tp_rank * self.input_size, self.input_size
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | PendingAct) -> torch.Tensor:
+        """x: a PendingAct only where the method reads one (reads_pending_act)."""
         return tp_all_reduce(self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None))

@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from wick.layers.pending_act import PendingAct
+
 if TYPE_CHECKING:
     from wick.kernels.int8_activations import Int8Rows
     from wick.kernels.rms_norm import RowNorm
@@ -34,6 +36,14 @@ class PendingNorm:
         weight, eps, residual = self._norm
         return RowNorm(weight, eps, residual, self.residual, self._normed)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.x.dtype
+
+    @property
+    def columns(self) -> int:
+        return self.x.shape[-1]
+
     def int8_rows(self, interleave: bool = False) -> Int8Rows:
         """The normed row rounded to int8 for an int8 GEMV (kernels/int8_activations.quantize_q8(row, interleave)'s):
         by the norm kernel as it norms where no kernel has normed the row yet, so no rounding kernel runs; else
@@ -57,6 +67,6 @@ class PendingNorm:
         return self._normed
 
 
-def normed(x: torch.Tensor | PendingNorm) -> torch.Tensor:
-    """x, or a pending norm's row."""
-    return x.value() if isinstance(x, PendingNorm) else x
+def resolved(x: torch.Tensor | PendingNorm | PendingAct) -> torch.Tensor:
+    """x, or a pending row's value."""
+    return x.value() if isinstance(x, (PendingNorm, PendingAct)) else x

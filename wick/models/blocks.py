@@ -17,7 +17,7 @@ from wick.layers.activation import get_act_and_mul
 from wick.layers.attention.layer import Attention
 from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from wick.layers.moe.fused_moe import FusedMoE, RouterLinear
-from wick.layers.pending_norm import PendingNorm, normed
+from wick.layers.pending_norm import PendingNorm, resolved
 from wick.layers.rotary import RotaryEmbedding, get_rope
 from wick.layers.vocab_embedding import VocabParallelEmbedding
 from wick.models.config import ModelConfig, MoeSpec, RopeSpec
@@ -64,7 +64,8 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.gated(x, self.act_fn))
+        pending = self.down_proj.quant_method.reads_pending_act
+        return self.down_proj(self.gate_up_proj.gated(x, self.act_fn, pending=pending))
 
 
 class SparseMoeBlock(nn.Module):
@@ -85,7 +86,7 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
         router_logits = self.gate(x)
-        x = normed(x)
+        x = resolved(x)
         out = self.experts(x, router_logits, self.gate.e_score_correction_bias)
         if self.shared_name is not None:
             shared = getattr(self, self.shared_name)(x)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from wick.kernels.wna16_matmul import pack_rows
+from wick.layers.pending_act import PendingAct
 from wick.layers.pending_norm import PendingNorm
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 from wick.layers.quantization.gptq import (
@@ -66,6 +67,7 @@ def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 class AWQLinearMethod(LinearMethod):
     reads_pending_norm = True
+    reads_pending_act = True
 
     def __init__(self, config: AWQConfig) -> None:
         self.config = config
@@ -106,5 +108,6 @@ class AWQLinearMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return [layer.g_idx, *wna16_held_tensors(layer)]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+              ) -> torch.Tensor:
         return apply_wna16(layer, x, bias)

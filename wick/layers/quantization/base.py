@@ -59,6 +59,9 @@ class LinearMethod(ABC):
     # Whether `apply` and `apply_gated` take x as a layers.pending_norm.PendingNorm, whose norm a kernel of theirs
     # may apply (else x reaches them normed).
     reads_pending_norm = False
+    # Whether `apply` takes x as a layers.pending_act.PendingAct (a gated activation left for it; else x reaches it
+    # activated).
+    reads_pending_act = False
 
     @abstractmethod
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],

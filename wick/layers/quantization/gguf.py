@@ -17,7 +17,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from torch import nn
 
-from wick.layers.pending_norm import PendingNorm, normed
+from wick.layers.pending_act import PendingAct
+from wick.layers.pending_norm import PendingNorm, resolved
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
 from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
@@ -137,6 +138,7 @@ class GGUFLinearMethod(LinearMethod):
     `layer.gguf_shards` (while loading) and `layer.gguf_parts` (after)."""
 
     reads_pending_norm = True
+    reads_pending_act = True
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
@@ -187,9 +189,10 @@ class GGUFLinearMethod(LinearMethod):
             return layer.cpu_kernel.tensors()
         return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+              ) -> torch.Tensor:
         if layer.cpu_kernel is not None:
-            out = layer.cpu_kernel(normed(x))
+            out = layer.cpu_kernel(resolved(x))
             return out + bias if bias is not None else out
         return apply_gguf_parts(layer.gguf_parts, x, bias)
 
@@ -203,17 +206,17 @@ def _runs_int8_gemv(part: GGUFWeight) -> bool:
     return runs_int8_gemv(part.qtype, part.data)
 
 
-def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor | PendingNorm, bias: torch.Tensor | None
+def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
                      ) -> torch.Tensor:
-    """x @ [part_0; part_1; ...]^T (+ bias). A pending norm's row that only int8 GEMVs read reaches them rounded to
-    int8 by the norm kernel, once for every part."""
-    if isinstance(x, PendingNorm) and all(_runs_int8_gemv(part) for part in parts):
+    """x @ [part_0; part_1; ...]^T (+ bias). A pending row (a norm's or an activation's) that only int8 GEMVs read
+    reaches them rounded to int8 by the kernel that makes it, once for every part."""
+    if isinstance(x, (PendingNorm, PendingAct)) and all(_runs_int8_gemv(part) for part in parts):
         from wick.kernels.gguf_matmul import gguf_int8_rows_matmul
 
         rows = x.int8_rows()
-        outputs = [gguf_int8_rows_matmul(rows, part.data, part.qtype, part.shape[0], x.x.dtype) for part in parts]
+        outputs = [gguf_int8_rows_matmul(rows, part.data, part.qtype, part.shape[0], x.dtype) for part in parts]
     else:
-        x = normed(x)
+        x = resolved(x)
         outputs = [gguf_linear(x, part) for part in parts]
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
     return out + bias if bias is not None else out

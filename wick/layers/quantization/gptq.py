@@ -20,7 +20,8 @@ from wick.kernels.wna16_matmul import (
     unpack_rows,
     wna16_dequantize,
 )
-from wick.layers.pending_norm import PendingNorm, normed
+from wick.layers.pending_act import PendingAct
+from wick.layers.pending_norm import PendingNorm, resolved
 from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
 
 
@@ -60,6 +61,7 @@ class GPTQConfig(QuantizationConfig):
 
 class GPTQLinearMethod(LinearMethod):
     reads_pending_norm = True
+    reads_pending_act = True
 
     def __init__(self, config: GPTQConfig) -> None:
         self.config = config
@@ -111,7 +113,8 @@ class GPTQLinearMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return wna16_held_tensors(layer)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+              ) -> torch.Tensor:
         return apply_wna16(layer, x, bias)
 
 
@@ -154,15 +157,17 @@ def _takes_int8_rows(layer: nn.Module, k: int) -> bool:
             and takes_int8_activations(layer.wna16_bits, group, k, WNA16_GEMV_CONFIG[1]))
 
 
-def apply_wna16(layer: nn.Module, x: torch.Tensor | PendingNorm, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ W (+ bias). A pending norm's row that the int8 GEMV reads reaches it rounded by the norm kernel."""
-    if isinstance(x, PendingNorm) and _takes_int8_rows(layer, x.x.shape[-1]):
+def apply_wna16(layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+                ) -> torch.Tensor:
+    """x @ W (+ bias). A pending row (a norm's or an activation's) that the int8 GEMV reads reaches it rounded by
+    the kernel that makes it."""
+    if isinstance(x, (PendingNorm, PendingAct)) and _takes_int8_rows(layer, x.columns):
         from wick.kernels.wna16_matmul import wna16_int8_rows_matmul
 
         out = wna16_int8_rows_matmul(x.int8_rows(interleave=True), layer.qweight, layer.scales, layer.wna16_zeros,
-                                     layer.wna16_bits, layer.wna16_contiguous_group, x.x.dtype)
+                                     layer.wna16_bits, layer.wna16_contiguous_group, x.dtype)
         return out + bias if bias is not None else out
-    x = normed(x)
+    x = resolved(x)
     if layer.wna16_perm is not None:
         x = x.index_select(-1, layer.wna16_perm)
     if x.is_cuda and x.numel() < DEQUANTIZE_MIN_ROWS * x.shape[-1]:
