@@ -19,6 +19,7 @@ from wick.kernels.gguf_matmul import (
     gguf_expert_gemv,
     gguf_int8_rows_matmul,
     gguf_matmul,
+    runs_expert_int8_gemv,
 )
 from wick.kernels.int8_activations import quantize_q8, quantize_q8_ref
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
@@ -266,3 +267,15 @@ def test_expert_gemv(qtype: GGMLQuantizationType, split_k: int | None) -> None:
     expected = torch.stack([x_seen[p // top_k] @ dequantize(weights[e].data, qtype, (n, k)).to(DEVICE).t()
                             for p, e in enumerate(ids.tolist())])
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+
+
+def test_expert_gemv_of_rows_already_rounded() -> None:
+    """The pairs' rows rounded to int8 before (by the activation kernel that wrote them) give what rounding them here
+    gives."""
+    qtype, experts, n, k = GGMLQuantizationType.Q4_K, 3, 24, 512
+    data = torch.stack([random_gguf(qtype, n, k, seed=30 + e).data for e in range(experts)]).to(DEVICE)
+    ids = torch.tensor([2, 0, 1, 1], dtype=torch.int32, device=DEVICE)
+    x = torch.randn(4, k, generator=torch.Generator().manual_seed(10)).to(DEVICE, torch.float16)
+    assert runs_expert_int8_gemv(data, qtype) == data.is_cuda  # experts run packed on a GPU only
+    out = gguf_expert_gemv(quantize_q8(x), data, qtype, k, ids, 1, dtype=x.dtype)
+    assert out.dtype == x.dtype and torch.equal(out, gguf_expert_gemv(x, data, qtype, k, ids, 1))

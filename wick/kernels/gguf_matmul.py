@@ -146,7 +146,7 @@ def gguf_int8_rows_matmul(x: Int8Rows, data: torch.Tensor, qtype: GGMLQuantizati
     return out
 
 
-def _gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
+def _gemv(x: torch.Tensor | Int8Rows, data: torch.Tensor, qtype: GGMLQuantizationType, out: torch.Tensor,
           experts: torch.Tensor | None, x_row_div: int, gemv_config: tuple[int, int, int, int] | None,
           split_k: int | None) -> None:
     """out [rows, N] = each row's x row @ W^T: the type's int8 GEMV where it has one, else the float one; data
@@ -175,11 +175,20 @@ def runs_expert_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
     return data.is_cuda and data.is_contiguous() and qtype in TRITON_TYPES
 
 
-def gguf_expert_gemv(x: torch.Tensor, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
-                     experts: torch.Tensor, x_row_div: int, split_k: int | None = None) -> torch.Tensor:
+def runs_expert_int8_gemv(data: torch.Tensor, qtype: GGMLQuantizationType) -> bool:
+    """Whether gguf_expert_gemv runs experts `data` [experts, N, row bytes] of `qtype` by an int8 GEMV (which then
+    takes x's rows already rounded, Int8Rows)."""
+    return runs_expert_gemv(data, qtype) and runs_int8_gemv(qtype, data.view(-1, data.shape[-1]))
+
+
+def gguf_expert_gemv(x: torch.Tensor | Int8Rows, data: torch.Tensor, qtype: GGMLQuantizationType, k: int,
+                     experts: torch.Tensor, x_row_div: int, split_k: int | None = None,
+                     dtype: torch.dtype | None = None) -> torch.Tensor:
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]}^T for experts `data` [E, N, row bytes] of `qtype` over
-    k columns, where runs_expert_gemv(data, qtype). split_k: the splits of K, for tests; None picks them."""
-    out = torch.empty(experts.numel(), data.shape[1], dtype=x.dtype, device=x.device)
+    k columns, where runs_expert_gemv(data, qtype); x may come rounded to int8 (quantize_q8's) where
+    runs_expert_int8_gemv, with `dtype` the output's. split_k: the splits of K, for tests; None picks them."""
+    rounded = isinstance(x, Int8Rows)
+    out = torch.empty(experts.numel(), data.shape[1], dtype=dtype if rounded else x.dtype, device=data.device)
     if out.shape[0]:
-        _gemv(x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, split_k)
+        _gemv(x if rounded else x.reshape(-1, k).contiguous(), data, qtype, out, experts, x_row_div, None, split_k)
     return out

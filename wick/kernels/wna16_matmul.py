@@ -316,6 +316,8 @@ def _gemv(x2: torch.Tensor | Int8Rows, qweight: torch.Tensor, scales: torch.Tens
             SPLIT=split.splits > 1, DP4A=DP4A, X_ROW_DIV=x_row_div, EXPERTS=stacked, num_warps=warps,
             **pdl_options(xq))
         return
+    if isinstance(x2, Int8Rows):
+        raise ValueError(f"rows rounded to int8 reach a {bits}-bit GEMV of groups of {group} that takes floats")
     _wna16_gemv_kernel[grid](
         x2, qweight, scales, zeros, out, experts if stacked else out, n, k, group, x2.stride(0), out.stride(0),
         *expert_strides, BITS=bits, BLOCK_N=block_n, BLOCK_K=block_k, ONE_GROUP=group % block_k == 0,
@@ -335,14 +337,22 @@ def wna16_int8_rows_matmul(x: Int8Rows, qweight: torch.Tensor, scales: torch.Ten
 EXPERT_GEMV_CONFIG = (32, 128, 2, 32)
 
 
-def wna16_expert_gemv(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
-                      group: int, experts: torch.Tensor, x_row_div: int,
-                      gemv_config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+def expert_takes_int8_rows(bits: int, group: int, k: int) -> bool:
+    """Whether wna16_expert_gemv over k rows of W takes x rounded to int8 (then also as Int8Rows, interleaved)."""
+    return takes_int8_activations(bits, group, k, EXPERT_GEMV_CONFIG[1])
+
+
+def wna16_expert_gemv(x: torch.Tensor | Int8Rows, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+                      bits: int, group: int, experts: torch.Tensor, x_row_div: int,
+                      gemv_config: tuple[int, int, int, int] | None = None,
+                      dtype: torch.dtype | None = None) -> torch.Tensor:
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]} for experts `qweight` [E, K / (32 / bits), N] with
-    contiguous groups of `group` rows (a multiple of 32 / bits), scales and zeros [E, ceil(K / group), N]."""
+    contiguous groups of `group` rows (a multiple of 32 / bits), scales and zeros [E, ceil(K / group), N]. x may
+    come rounded to int8 (quantize_q8's, interleaved) where expert_takes_int8_rows, with `dtype` the output's."""
     _, words, n = qweight.shape
-    x2 = x.reshape(-1, words * (32 // bits)).contiguous()
-    out = torch.empty(experts.numel(), n, dtype=x.dtype, device=x.device)
+    rounded = isinstance(x, Int8Rows)
+    x2 = x if rounded else x.reshape(-1, words * (32 // bits)).contiguous()
+    out = torch.empty(experts.numel(), n, dtype=dtype if rounded else x.dtype, device=qweight.device)
     if out.shape[0]:
         _gemv(x2, qweight, scales, zeros, bits, group, out, experts, x_row_div, gemv_config or EXPERT_GEMV_CONFIG,
               None)

@@ -73,9 +73,9 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
     the first that runs): "gemv", the GEMVs, up to the bound above; "tiles", the tile kernel over the pairs
     sorted by expert, up to EXPERT_TILES_MAX_PAIRS; "decoded", the experts decoded whole."""
-    from wick.kernels.activation import silu_and_mul
+    from wick.kernels.activation import act_and_mul_q8, silu_and_mul
     from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
-    from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv
+    from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv, runs_expert_int8_gemv
     from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
     from wick.kernels.moe_align import moe_align
 
@@ -94,7 +94,9 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
     if path == "gemv":
         ids = topk_ids.flatten()
         gate_up = gguf_expert_gemv(x, w13.data, w13.qtype, w13.columns, ids, top_k)
-        down = gguf_expert_gemv(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, ids, 1)
+        # an int8 down GEMV takes its rows rounded by the activation kernel: no rounding kernel between them
+        act = act_and_mul_q8(gate_up, "silu") if runs_expert_int8_gemv(w2.data, w2.qtype) else silu_and_mul(gate_up)
+        down = gguf_expert_gemv(act, w2.data, w2.qtype, w2.columns, ids, 1, dtype=x.dtype)
     else:
         config = expert_tile_config(num_pairs, w13.shape[0], x.dtype)
         layout = moe_align(topk_ids, w13.shape[0], config[0])

@@ -199,9 +199,9 @@ def fused_experts_wna16(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, to
     """fused_experts (wick/kernels/fused_moe.py) over GPTQ/AWQ experts, on a GPU. path (for benchmarks; None picks):
     "gemv", the W4A16 / W8A16 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an expert;
     "tiles", the fused MoE kernel."""
-    from wick.kernels.activation import silu_and_mul
+    from wick.kernels.activation import act_and_mul_q8, silu_and_mul
     from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
-    from wick.kernels.wna16_matmul import wna16_expert_gemv
+    from wick.kernels.wna16_matmul import expert_takes_int8_rows, wna16_expert_gemv
 
     tokens, top_k = topk_ids.shape
     if path is None:
@@ -212,5 +212,8 @@ def fused_experts_wna16(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, to
                              w2_scales=w2.group_scales)
     ids = topk_ids.flatten()
     gate_up = wna16_expert_gemv(x, w13.qweight, w13.scales, w13.zeros, w13.bits, w13.group, ids, top_k)
-    down = wna16_expert_gemv(silu_and_mul(gate_up), w2.qweight, w2.scales, w2.zeros, w2.bits, w2.group, ids, 1)
+    # an int8 down GEMV takes its rows rounded by the activation kernel: no rounding kernel between them
+    int8 = expert_takes_int8_rows(w2.bits, w2.group, gate_up.shape[-1] // 2)
+    act = act_and_mul_q8(gate_up, "silu", interleave=True) if int8 else silu_and_mul(gate_up)
+    down = wna16_expert_gemv(act, w2.qweight, w2.scales, w2.zeros, w2.bits, w2.group, ids, 1, dtype=x.dtype)
     return sum_pairs(down, top_k, topk_weights.float())
