@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
-from wick.kernels.pdl import WAIT_ONLY, pdl_options, pdl_prologue
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 _BLOCK = 1024
 # The activations by name (the gated kernels' ACT values).
@@ -115,12 +115,9 @@ def act_and_mul_q8(x: torch.Tensor, activation: str, interleave: bool = False) -
     rows = x.reshape(-1, x.shape[-1])
     features = rows.shape[1] // 2
     int8_out = int8_rows_like(rows[:, :features])
-    options = pdl_options(x)
-    if options["PDL"]:
-        options["PDL"] = WAIT_ONLY
     _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
         rows, x, *int8_out, rows.stride(0), features, ACT=ACTIVATIONS[activation], BLOCK=_BLOCK, QUANTIZE=True,
-        INTERLEAVE=interleave, num_warps=4, **options)
+        INTERLEAVE=interleave, num_warps=4, **pdl_options(x, wait_only=True))
     return int8_out
 
 

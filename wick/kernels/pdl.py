@@ -54,11 +54,13 @@ def set_release_early(hidden_size: int, int8_activations: bool) -> None:
     _release_early = hidden_size < RELEASE_EARLY_BELOW_HIDDEN or int8_activations
 
 
-def pdl_options(t: torch.Tensor) -> dict[str, int | bool]:
+def pdl_options(t: torch.Tensor, wait_only: bool = False) -> dict[str, int | bool]:
     """Launch options of a kernel with a PDL constexpr that waits before it touches its predecessor's memory: PDL (0
-    off, 1 releasing early, 2 late), and launch_pdl only where it is on (a Triton without PDL rejects the option even
-    when false)."""
-    return {"PDL": 1 if _release_early else 2, "launch_pdl": True} if uses_pdl(t) else {"PDL": 0}
+    off, 1 releasing early, 2 late, WAIT_ONLY where `wait_only`: a kernel whose successor is an int8 GEMV), and
+    launch_pdl only where it is on (a Triton without PDL rejects the option even when false)."""
+    if not uses_pdl(t):
+        return {"PDL": 0}
+    return {"PDL": WAIT_ONLY if wait_only else 1 if _release_early else 2, "launch_pdl": True}
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
-from wick.kernels.pdl import WAIT_ONLY, pdl_options, pdl_prologue
+from wick.kernels.pdl import pdl_options, pdl_prologue
 
 
 class RowNorm(NamedTuple):
@@ -105,16 +105,13 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     block_d = triton.next_power_of_2(dim)
     block_rows = 1 if int8_out else max(1, _ELEMENTS_PER_PROGRAM // block_d)
     x_weight, x_eps = x_norm or (weight, eps)
-    options = pdl_options(x)
-    if int8_out and options["PDL"]:
-        # the int8 GEMV after it is to launch once it has ended (int8_activations.quantize_q8)
-        options["PDL"] = WAIT_ONLY
     _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
         x3, r3, r3_out, weight, out, x_weight, *(int8_out or (out, out, out)),
         num_rows, heads, *x3.stride(), *r3.stride(), eps, x_eps,
         D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None, X_NORM=x_norm is not None,
         QUANTIZE=int8_out is not None, INTERLEAVE=interleave,
-        num_warps=min(16, max(1, block_rows * block_d // 256)), **options,
+        # with int8_out the int8 GEMV after it is to launch once it has ended (int8_activations.quantize_q8)
+        num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x, wait_only=int8_out is not None),
         # a product and the sum after its rounding contracted into one fma would skip the rounding the
         # unfused kernels make (16% of a bf16 residual's elements differed on an H100 with contraction on)
         enable_fp_fusion=False,

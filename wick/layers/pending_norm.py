@@ -17,8 +17,7 @@ class PendingNorm:
     """RMSNorm(x + residual) of one row (a batch-1 step's) left for the layer that reads it: a kernel of that
     layer that can apply it on its way (kernels/rms_norm.RowNorm: the float GEMV where K is small) takes it, and
     no norm kernel runs; an int8 GEMV takes `int8_rows()`, the norm kernel's row rounded by that kernel; else
-    `value()` runs one. `residual`, x + residual out of place, is written by whichever
-    runs first."""
+    `value()` runs one. `residual`, x + residual out of place, is written by whichever runs first."""
 
     def __init__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         self.x = x
