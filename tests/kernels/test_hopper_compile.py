@@ -1,9 +1,9 @@
-"""The gated GEMVs, two int8 GEMVs, the split paged attention (also rotating q and k, and taking its requests in an
-order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM (also with B's tiles by TMA), the decode
-graphs' first kernel and moe_align's kernels compiled for an H100 (sm_90) by Triton's own compiler, on any machine:
-what the interpreter (the CPU tests' way of running them) does not check, such as the shapes a compiled kernel must
-keep and where it waits for the kernel before it. The compiler runs in a child process, since this folder's kernels
-are imported interpreted (conftest.py)."""
+"""The gated GEMVs, three int8 GEMVs (one reading W by TMA), the split paged attention (also rotating q and k, and
+taking its requests in an order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM (also with B's
+tiles by TMA), the decode graphs' first kernel and moe_align's kernels compiled for an H100 (sm_90) by Triton's own
+compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not check, such as the
+shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs in a child process,
+since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,14 @@ VARIANTS = {
          **extra})
        for name, kernel, extra in (("q4_k", "_k_q8_gemv_kernel", {"FIFTH_BIT": False}),
                                    ("iq4_xs", "_iq4_xs_q8_gemv_kernel", {}))},
+    **{f"int8 gemv by tma, q4_k{', experts' if experts else ''}": (
+        "wick.kernels.gguf_int8_gemv:_q4_k_q8_tma_gemv_kernel",
+        {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "head_desc": "tensordesc<i32[8, 4, 4]>",
+         "codes_desc": "tensordesc<i32[8, 4, 32]>", "out_ptr": "*bf16", "work_ptr": "*fp32", "counts_ptr": "*i32",
+         "experts_ptr": "*i64"},
+        {"BLOCK_N": 8, "BLOCK_B": 4, "SPLIT": True, "DP4A": True, "EXPERTS": experts, "X_ROW_DIV": 1, "STAGES": 3,
+         "PDL": 1})
+       for experts in (False, True)},
     "decode inputs, rows ranked": (
         "wick.kernels.decode_inputs:_decode_inputs_kernel",
         {"ids_ptr": "*i64", "previous_rows_ptr": "*i64", "samples_ptr": "*i64", "table_shape_ptr": "*i32",
@@ -109,7 +117,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 sys.path.insert(0, sys.argv[1])
 from test_hopper_compile import VARIANTS
-order = {}
+order, tma = {}, {}
 for name, (where, pointers, constexprs) in VARIANTS.items():
     module, kernel = where.split(":")
     kernel = getattr(importlib.import_module(module), kernel)
@@ -117,7 +125,8 @@ for name, (where, pointers, constexprs) in VARIANTS.items():
     ptx = triton.compile(ASTSource(kernel, signature=signature, constexprs=constexprs),
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     order[name] = re.findall(r"griddepcontrol\\.(\\w+)", ptx)
-print(json.dumps(order))
+    tma[name] = len(re.findall(r"cp\\.async\\.bulk\\.tensor", ptx))
+print(json.dumps([order, tma]))
 """
 
 
@@ -125,15 +134,18 @@ print(json.dumps(order))
 def test_kernels_compile_for_hopper() -> None:
     """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait); a small
     kernel releases its successor before its wait where PDL is 1, after it where 2 and never where 3 (the norm that
-    rounds its row for an int8 GEMV, and the activation that does), a GEMV at its start."""
+    rounds its row for an int8 GEMV, and the activation that does), a GEMV at its start; the K-quant GEMV by TMA
+    issues its blocks' loads ahead (Triton's pipeliner took them)."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
-    order = json.loads(child.stdout.strip().splitlines()[-1])
+    order, tma = json.loads(child.stdout.strip().splitlines()[-1])
     assert {name: "wait" in steps for name, steps in order.items()} == {
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
     assert order["rms norm pdl 3, int8"] == order["act and mul, int8"] == ["wait"]
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"
+    # The blocks by TMA, STAGES - 1 steps issued ahead of the loop and one in it: 2 x 2 + 2 tiles.
+    assert tma["int8 gemv by tma, q4_k"] == tma["int8 gemv by tma, q4_k, experts"] == 6
