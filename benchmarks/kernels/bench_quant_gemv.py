@@ -28,6 +28,7 @@ from wick.kernels import gguf_matmul as gguf_matmul_module
 from wick.kernels.dense_gemv import dense_gemv
 from wick.kernels.fp8_matmul import FP8_GEMV_CONFIG, fp8_matmul
 from wick.kernels.gguf_matmul import gguf_matmul
+from wick.kernels.pdl import hopper_or_later
 from wick.kernels.wna16_matmul import WNA16_GEMV_CONFIG, wna16_matmul
 from wick.loader.presets import get_preset_config
 
@@ -56,8 +57,9 @@ SWEEPS["dense_silu"] = [None] + [c for c in SWEEPS["dense"][1:] if 2 * c[0] * c[
     (1, 1024, 4), (1, 2048, 4), (1, 2048, 8)]
 # The float GEMV's shapes (an older tree's types without an int8 GEMV), and for the types without a sweep above.
 FLOAT_SWEEP = list(itertools.product([8, 16, 32, 64], [1, 2], [2, 4, 8], [0, 16, 32]))
-# A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG (looked up by name, so that the benchmark also runs over
-# an older tree's kernels).
+# A GGUF type's default is its int8 GEMV's Q*_GEMV_CONFIG, on Hopper its Q*_TMA_GEMV_CONFIG where it has one (the
+# kernel that takes its blocks by TMA; looked up by name, so that the benchmark also runs over an older tree's
+# kernels).
 DEFAULTS = {"gptq": WNA16_GEMV_CONFIG, "fp8": FP8_GEMV_CONFIG, "fp8_block": FP8_GEMV_CONFIG, "dense": None,
             "dense_silu": None}
 
@@ -83,7 +85,10 @@ def _default(fmt: str) -> tuple | None:
         return DEFAULTS[fmt]
     qtype = GGMLQuantizationType[fmt.upper()]
     floats = getattr(gguf_matmul_module, "FLOAT_GEMV_CONFIGS", {})
-    return getattr(gguf_int8_gemv, f"{qtype.name}_GEMV_CONFIG", None) or floats.get(GGML_QUANT_SIZES[qtype][0])
+    names = ([f"{qtype.name}_TMA_GEMV_CONFIG"] if hopper_or_later(torch.device("cuda")) else []) + [
+        f"{qtype.name}_GEMV_CONFIG"]
+    return next(filter(None, (getattr(gguf_int8_gemv, name, None) for name in names)),
+                floats.get(GGML_QUANT_SIZES[qtype][0]))
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:
