@@ -158,6 +158,35 @@ def test_gpu_gemma3_lm_head(qtype: GGMLQuantizationType) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_q4_k_gemv_replays_in_a_cuda_graph() -> None:
+    """The Q4_K GEMV captured in a CUDA graph (on Hopper its blocks come through descriptors the capture keeps),
+    dense and over experts, replays with new x and new experts as it runs eagerly."""
+    qtype, n, k = GGMLQuantizationType.Q4_K, 1000, 4096
+    data = random_gguf(qtype, n, k, seed=40).data.to(DEVICE)
+    experts = torch.stack([random_gguf(qtype, 256, 1024, seed=41 + e).data for e in range(4)]).to(DEVICE)
+    x = torch.randn(1, k, device=DEVICE, dtype=torch.bfloat16)
+    x_pairs = torch.randn(2, 1024, device=DEVICE, dtype=torch.bfloat16)
+    ids = torch.tensor([3, 1, 0, 2], dtype=torch.int32, device=DEVICE)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        return gguf_matmul(x, data, qtype, (n, k)), gguf_expert_gemv(x_pairs, experts, qtype, 1024, ids, 2)
+
+    run()  # compiled and its arrival counts made before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = run()
+    generator = torch.Generator(device=DEVICE).manual_seed(3)
+    for _ in range(3):
+        x.normal_(generator=generator)
+        x_pairs.normal_(generator=generator)
+        ids.copy_(torch.randperm(4, generator=generator, device=DEVICE))
+        graph.replay()
+        for got, expected in zip(captured, run(), strict=True):
+            assert torch.equal(got, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("qtype", sorted(TRITON_TYPES), ids=lambda t: t.name)
 @pytest.mark.parametrize("rows", [20, 64, 128, 200])
 def test_gpu_tile_kernel_bf16(qtype: GGMLQuantizationType, rows: int) -> None:
