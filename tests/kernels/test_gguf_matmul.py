@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels import gguf_matmul as gguf_matmul_module
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_int8_gemv import runs_int8_gemv
+from wick.kernels.gguf_int8_gemv import _int8_gemv, _k_q8_gemv_kernel, runs_int8_gemv
 from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
     TRITON_TYPES,
@@ -132,6 +132,20 @@ def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationTy
     expected = x @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
     torch.testing.assert_close(gguf_matmul(x, data, qtype, (n, k)), expected,
                                atol=1e-4 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.parametrize("split_k", [None, 2])
+def test_q4_k_rows_off_16_byte_bounds_take_the_gemv_that_loads_them(split_k: int | None) -> None:
+    """Q4_K rows on word bounds but not 16-byte ones cannot come by TMA: the int8 GEMV that loads its blocks itself
+    (the one GPUs before Hopper run for every Q4_K tensor) takes them, to the same product."""
+    qtype, n, k = GGMLQuantizationType.Q4_K, 24, 1280
+    weight = random_gguf(qtype, n, k, seed=7)
+    data = _off_word_boundaries(weight.data, 4)
+    assert _int8_gemv(qtype, data)[0] is _k_q8_gemv_kernel
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    expected = quantize_q8_ref(x) @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
+    out = gguf_matmul(x, data, qtype, (n, k), split_k=split_k)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
 @pytest.mark.parametrize("qtype", [GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q8_0], ids=lambda t: t.name)

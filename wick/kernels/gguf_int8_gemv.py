@@ -32,7 +32,7 @@ Q5_K_GEMV_CONFIG = Q4_K_GEMV_CONFIG
 # the kernel above in the same run (qkv 9.1, o 8.4, gate_up 21.3, down 15.2 us). Q5_K's GEMV by TMA was no faster
 # in the model (347.6 against 350.4 tok/s): Q5_K keeps the kernel above.
 Q4_K_TMA_GEMV_CONFIG = (8, 4, 2, 32)
-K_TMA_STAGES = 3
+Q4_K_TMA_STAGES = 3
 # The same for the Q3_K GEMV.
 Q3_K_GEMV_CONFIG = (4, 1, 1, 16)
 # The same for the Q6_K GEMV.
@@ -450,7 +450,7 @@ def launch_int8_gemv(x: torch.Tensor | Int8Rows, data: torch.Tensor, qtype: GGML
         kernel[(*grid, split.splits)](
             *x_args, *_q4_k_block_descriptors(data, block_n, block_b), out, split.work,
             split.counts, experts_arg, m, n, k, split.steps * block_b, split.splits, out.stride(0),
-            STAGES=K_TMA_STAGES, **launch)
+            STAGES=Q4_K_TMA_STAGES, **launch)
     else:
         kernel[(*grid, split.splits)](
             *x_args, data, out, split.work, split.counts, experts_arg, 0 if experts is None else data.stride(0), m, n,
