@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels import gguf_matmul as gguf_matmul_module
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_int8_gemv import _int8_gemv, _k_q8_gemv_kernel, runs_int8_gemv
+from wick.kernels.gguf_int8_gemv import _int8_gemv, _k_q8_gemv_kernel, _q4_k_q8_tma_gemv_kernel, runs_int8_gemv
 from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
     TRITON_TYPES,
@@ -22,6 +22,7 @@ from wick.kernels.gguf_matmul import (
     runs_expert_int8_gemv,
 )
 from wick.kernels.int8_activations import quantize_q8, quantize_q8_ref
+from wick.kernels.pdl import hopper_or_later
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "layers" / "quantization"))
@@ -134,13 +135,42 @@ def test_rows_off_word_boundaries_take_the_byte_kernel(qtype: GGMLQuantizationTy
                                atol=1e-4 * expected.abs().max().item(), rtol=0)
 
 
+def _contiguous_from(data: torch.Tensor, offset: int) -> torch.Tensor:
+    """data's bytes, contiguous, `offset` bytes past an allocation's start, on DEVICE."""
+    buffer = torch.zeros(data.numel() + offset, dtype=torch.uint8)
+    buffer[offset:] = data.flatten()
+    return buffer.to(DEVICE)[offset:].view(data.shape)
+
+
+@pytest.mark.parametrize("split_k", [None, 3])
+def test_q4_k_gemv_of_rows_past_the_last_tile(split_k: int | None) -> None:
+    """13 rows of Q4_K W in tiles of 8, dense and three experts of them: the last tile's rows past W's (read as zeros
+    by TMA) and past an expert's (the next expert's) are not stored."""
+    qtype, n, k = GGMLQuantizationType.Q4_K, 13, 1536
+    weights = [random_gguf(qtype, n, k, seed=50 + e) for e in range(3)]
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    x_seen = quantize_q8_ref(x)
+    dense = dequantize(weights[0].data, qtype, (n, k)).to(DEVICE)
+    expected = x_seen @ dense.t()
+    out = gguf_matmul(x, weights[0].data.to(DEVICE), qtype, (n, k), split_k=split_k)
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+    ids = torch.tensor([1, 0, 2, 1], dtype=torch.int32, device=DEVICE)
+    data = torch.stack([w.data for w in weights]).to(DEVICE)
+    out = gguf_expert_gemv(x, data, qtype, k, ids, 2, split_k)
+    expected = torch.stack([x_seen[p // 2] @ dequantize(weights[e].data, qtype, (n, k)).to(DEVICE).t()
+                            for p, e in enumerate(ids.tolist())])
+    torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+
+
 @pytest.mark.parametrize("split_k", [None, 2])
-def test_q4_k_rows_off_16_byte_bounds_take_the_gemv_that_loads_them(split_k: int | None) -> None:
-    """Q4_K rows on word bounds but not 16-byte ones cannot come by TMA: the int8 GEMV that loads its blocks itself
-    (the one GPUs before Hopper run for every Q4_K tensor) takes them, to the same product."""
+@pytest.mark.parametrize("layout", ["strided", "contiguous"])
+def test_q4_k_rows_off_16_byte_bounds_take_the_gemv_that_loads_them(layout: str, split_k: int | None) -> None:
+    """Q4_K rows on word bounds but not 16-byte ones (in wider rows, or contiguous from 4 bytes past a bound) cannot
+    come by TMA: the int8 GEMV that loads its blocks itself (the one GPUs before Hopper run for every Q4_K tensor)
+    takes them, to the same product."""
     qtype, n, k = GGMLQuantizationType.Q4_K, 24, 1280
     weight = random_gguf(qtype, n, k, seed=7)
-    data = _off_word_boundaries(weight.data, 4)
+    data = _off_word_boundaries(weight.data, 4) if layout == "strided" else _contiguous_from(weight.data, 4)
     assert _int8_gemv(qtype, data)[0] is _k_q8_gemv_kernel
     x = torch.randn(2, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
     expected = quantize_q8_ref(x) @ dequantize(weight.data, qtype, (n, k)).t().to(DEVICE)
@@ -175,9 +205,11 @@ def test_gpu_gemma3_lm_head(qtype: GGMLQuantizationType) -> None:
 def test_gpu_q4_k_gemv_replays_in_a_cuda_graph() -> None:
     """The Q4_K GEMV captured in a CUDA graph (on Hopper its blocks come through descriptors the capture keeps),
     dense and over experts, replays with new x and new experts as it runs eagerly."""
-    qtype, n, k = GGMLQuantizationType.Q4_K, 1000, 4096
+    qtype, n, k = GGMLQuantizationType.Q4_K, 1003, 4096  # tiles of 8 rows: the last past W's, an expert's past its
     data = random_gguf(qtype, n, k, seed=40).data.to(DEVICE)
-    experts = torch.stack([random_gguf(qtype, 256, 1024, seed=41 + e).data for e in range(4)]).to(DEVICE)
+    experts = torch.stack([random_gguf(qtype, 250, 1024, seed=41 + e).data for e in range(4)]).to(DEVICE)
+    if hopper_or_later(data.device):
+        assert _int8_gemv(qtype, data)[0] is _int8_gemv(qtype, experts)[0] is _q4_k_q8_tma_gemv_kernel
     x = torch.randn(1, k, device=DEVICE, dtype=torch.bfloat16)
     x_pairs = torch.randn(2, 1024, device=DEVICE, dtype=torch.bfloat16)
     ids = torch.tensor([3, 1, 0, 2], dtype=torch.int32, device=DEVICE)

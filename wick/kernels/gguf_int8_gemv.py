@@ -17,7 +17,7 @@ from gguf import GGMLQuantizationType
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from wick.kernels.gemv_split import SplitK, fit_grid_rows, store_split_output
-from wick.kernels.gguf_words import halves_word, iq4_level_bytes, k_scale_min_words, q4_k_head
+from wick.kernels.gguf_words import halves_word, iq4_level_bytes, k_scale_min_words, q4_k_d_dmin, q4_k_head
 from wick.kernels.int8_activations import DP4A, Int8Rows, dp4a, dp4a_signed, quantize_q8
 from wick.kernels.pdl import hopper_or_later, pdl_options, pdl_prologue
 
@@ -148,10 +148,10 @@ def _q4_k_q8_tma_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, head_desc, codes_desc, out_
     and a pair's rows start at its expert's."""
     pdl_prologue(PDL)
     pair = tl.program_id(0).to(tl.int64)
-    row0 = tl.program_id(1) * BLOCK_N
-    rows = row0 + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_row = tl.program_id(1) * BLOCK_N  # the descriptors' first row: of the pair's expert's, with EXPERTS
     if EXPERTS:
-        row0 += tl.load(experts_ptr + pair).to(tl.int32) * N
+        w_row += tl.load(experts_ptr + pair).to(tl.int32) * N
     x_row = pair // X_ROW_DIV
     x_words = xq_ptr.to(tl.pointer_type(tl.int32)) + x_row * (K // 4)
     step = tl.arange(0, BLOCK_B)
@@ -161,13 +161,12 @@ def _q4_k_q8_tma_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, head_desc, codes_desc, out_
     acc = tl.zeros([BLOCK_N, BLOCK_B, 4], dtype=tl.float32)
     b_begin = tl.program_id(2) * SPLIT_BLOCKS
     for b0 in tl.range(b_begin, tl.minimum(K // 256, b_begin + SPLIT_BLOCKS), BLOCK_B, num_stages=STAGES):
-        head = head_desc.load([row0, b0, 0]).reshape(BLOCK_N, BLOCK_B, 2, 2)
-        codes = codes_desc.load([row0, b0, 4]).reshape(BLOCK_N, BLOCK_B, 4, 8)
+        head = head_desc.load([w_row, b0, 0]).reshape(BLOCK_N, BLOCK_B, 2, 2)
+        codes = codes_desc.load([w_row, b0, 4]).reshape(BLOCK_N, BLOCK_B, 4, 8)
         words_0_2, words_1_3 = head.split()
-        dm, m = words_0_2.split()
+        d_dmin, m = words_0_2.split()
         a, c = words_1_3.split()
-        d = (dm & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)[:, :, None]
-        dmin = ((dm >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)[:, :, None]
+        d, dmin = q4_k_d_dmin(d_dmin[:, :, None])
         a, m, c = a[:, :, None], m[:, :, None], c[:, :, None]
         x_at = x_words + (b0 + step[:, None, None]) * 64 + 16 * j[None, :, None] + i[None, None, :]
         dot_low = tl.sum(dp4a(codes & 0x0F0F0F0F, tl.load(x_at)[None], DP4A), axis=3).to(tl.float32)
@@ -500,8 +499,9 @@ def runs_int8_gemv(qtype: GGMLQuantizationType, data: torch.Tensor) -> bool:
 
 def _takes_descriptors(data: torch.Tensor) -> bool:
     """Whether `data`'s blocks can come by the tensor memory accelerator: on Hopper and later (and in the interpreter
-    on the CPU, which runs the same path), contiguous from a 16-byte bound (a Q4_K block is 144 bytes)."""
-    return (data.is_contiguous() and data.data_ptr() % 16 == 0
+    on the CPU, which runs the same path), contiguous from a 16-byte bound (a Q4_K block is 144 bytes), not empty (a
+    descriptor's dimensions are not 0)."""
+    return (data.numel() > 0 and data.is_contiguous() and data.data_ptr() % 16 == 0
             and (data.device.type == "cpu" or (data.is_cuda and hopper_or_later(data.device))))
 
 

@@ -21,12 +21,17 @@ _LEVELS_0, _LEVELS_4, _LEVELS_8, _LEVELS_12 = (_level_word(first) for first in (
 
 
 @triton.jit
+def q4_k_d_dmin(head):
+    """d and dmin (float32) from a Q4_K block's first word."""
+    d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    return d, ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def q4_k_head(words, block):
     """A Q4_K block's d and dmin (float32) and its scale words a, m, c (bytes 4-7, 8-11, 12-15), for blocks at
     int32 word offsets `block`."""
-    head = tl.load(words + block)
-    d = (head & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = ((head >> 16) & 0xFFFF).to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+    d, dmin = q4_k_d_dmin(tl.load(words + block))
     return d, dmin, tl.load(words + block + 1), tl.load(words + block + 2), tl.load(words + block + 3)
 
 
