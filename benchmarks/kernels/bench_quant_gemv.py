@@ -85,10 +85,9 @@ def _default(fmt: str) -> tuple | None:
         return DEFAULTS[fmt]
     qtype = GGMLQuantizationType[fmt.upper()]
     floats = getattr(gguf_matmul_module, "FLOAT_GEMV_CONFIGS", {})
-    names = ([f"{qtype.name}_TMA_GEMV_CONFIG"] if hopper_or_later(torch.device("cuda")) else []) + [
-        f"{qtype.name}_GEMV_CONFIG"]
-    return next(filter(None, (getattr(gguf_int8_gemv, name, None) for name in names)),
-                floats.get(GGML_QUANT_SIZES[qtype][0]))
+    tma = hopper_or_later(torch.device("cuda")) and getattr(gguf_int8_gemv, f"{qtype.name}_TMA_GEMV_CONFIG", None)
+    return (tma or getattr(gguf_int8_gemv, f"{qtype.name}_GEMV_CONFIG", None)
+            or floats.get(GGML_QUANT_SIZES[qtype][0]))
 
 
 def _bf16(n: int, k: int) -> tuple[Callable, int]:

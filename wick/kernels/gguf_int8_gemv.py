@@ -77,6 +77,17 @@ def _gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N: tl.const
 
 
 @triton.jit
+def _q4_k_pair_sums(d, dmin, a, m, c, low_sub, dot_low, dot_high, xd_ptr, xs_ptr, run):
+    """A Q4_K block's sums over its sub-block pairs: the integer dots of sub-blocks low_sub (even) and low_sub + 1
+    against x's runs `run` and run + 1 (their d and d * sum(codes) at xd_ptr and xs_ptr), each taking its 6-bit
+    scale and minimum (from the scale words a, m, c) and the block's d and dmin."""
+    scale_low, min_low = k_scale_min_words(a, m, c, low_sub)
+    scale_high, min_high = k_scale_min_words(a, m, c, low_sub + 1)
+    return (d * (scale_low * tl.load(xd_ptr + run) * dot_low + scale_high * tl.load(xd_ptr + run + 1) * dot_high)
+            - dmin * (min_low * tl.load(xs_ptr + run) + min_high * tl.load(xs_ptr + run + 1)))
+
+
+@triton.jit
 def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, expert_bytes,
                       M, N, K, row_words, SPLIT_BLOCKS, SPLITS, stride_om,
                       BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, SPLIT: tl.constexpr, DP4A: tl.constexpr,
@@ -124,14 +135,8 @@ def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_p
                 x_low, x_high = tl.load(x_at)[None, :, :], tl.load(x_at + 8)[None, :, :]
             dot_low = tl.sum(dp4a(codes_low, x_low, DP4A), axis=2).to(tl.float32)
             dot_high = tl.sum(dp4a(codes_high, x_high, DP4A), axis=2).to(tl.float32)
-            scale_low, min_low = k_scale_min_words(a, m, c, low_sub)
-            scale_high, min_high = k_scale_min_words(a, m, c, low_sub + 1)
-            xd_low = tl.load(xd_ptr + runs + blk * 8 + 2 * j)[None, :]
-            xd_high = tl.load(xd_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
-            xs_low = tl.load(xs_ptr + runs + blk * 8 + 2 * j)[None, :]
-            xs_high = tl.load(xs_ptr + runs + blk * 8 + 2 * j + 1)[None, :]
-            acc += (d[:, None] * (scale_low * xd_low * dot_low + scale_high * xd_high * dot_high)
-                    - dmin[:, None] * (min_low * xs_low + min_high * xs_high))
+            acc += _q4_k_pair_sums(d[:, None], dmin[:, None], a, m, c, low_sub, dot_low, dot_high, xd_ptr, xs_ptr,
+                                   (runs + blk * 8 + 2 * j)[None, :])
     store_split_output(tl.sum(acc, axis=1), tl.program_id(0), rows, n_mask, out_ptr, stride_om, work_ptr,
                        counts_ptr, M, N, SPLITS, SPLIT)
 
@@ -171,12 +176,8 @@ def _q4_k_q8_tma_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, head_desc, codes_desc, out_
         x_at = x_words + (b0 + step[:, None, None]) * 64 + 16 * j[None, :, None] + i[None, None, :]
         dot_low = tl.sum(dp4a(codes & 0x0F0F0F0F, tl.load(x_at)[None], DP4A), axis=3).to(tl.float32)
         dot_high = tl.sum(dp4a((codes >> 4) & 0x0F0F0F0F, tl.load(x_at + 8)[None], DP4A), axis=3).to(tl.float32)
-        scale_low, min_low = k_scale_min_words(a, m, c, low_sub)
-        scale_high, min_high = k_scale_min_words(a, m, c, low_sub + 1)
         run = x_row * (K // 32) + (b0 + step[:, None]) * 8 + 2 * j[None, :]
-        acc += (d * (scale_low * tl.load(xd_ptr + run)[None] * dot_low
-                     + scale_high * tl.load(xd_ptr + run + 1)[None] * dot_high)
-                - dmin * (min_low * tl.load(xs_ptr + run)[None] + min_high * tl.load(xs_ptr + run + 1)[None]))
+        acc += _q4_k_pair_sums(d, dmin, a, m, c, low_sub, dot_low, dot_high, xd_ptr, xs_ptr, run[None])
     store_split_output(tl.sum(tl.sum(acc, axis=2), axis=1), tl.program_id(0), rows, rows < N, out_ptr, stride_om,
                        work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
 
