@@ -46,12 +46,13 @@ VARIANTS = {
          "PDL": 2})
        for rope, cache, decode in ((False, "bf16", False), (False, "bf16", True), (True, "bf16", True),
                                    (True, "fp8e4nv", True))},
-    **{f"split attention's combine, decode {decode}": (
+    **{f"split attention's combine, decode {decode}{', int8' if rounds else ''}": (
         "wick.kernels.paged_attention:_combine_splits_kernel",
         {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
-         "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32"},
-        {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "PDL": 1})
-       for decode in (False, True)},
+         "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
+        {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "QUANTIZE": rounds, "INTERLEAVE": rounds,
+         "PDL": 3 if rounds else 1})
+       for decode, rounds in ((False, False), (True, False), (True, True))},
     **{f"rms norm pdl {pdl}{', int8' if pdl == 3 else ''}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",
@@ -134,8 +135,8 @@ print(json.dumps([order, tma]))
 def test_kernels_compile_for_hopper() -> None:
     """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait); a small
     kernel releases its successor before its wait where PDL is 1, after it where 2 and never where 3 (the norm that
-    rounds its row for an int8 GEMV, and the activation that does), a GEMV at its start; the K-quant GEMV by TMA
-    issues its blocks' loads ahead (Triton's pipeliner took them)."""
+    rounds its row for an int8 GEMV, and the activation and the attention's combine that do), a GEMV at its start;
+    the K-quant GEMV by TMA issues its blocks' loads ahead (Triton's pipeliner took them)."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
@@ -146,6 +147,7 @@ def test_kernels_compile_for_hopper() -> None:
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
     assert order["rms norm pdl 3, int8"] == order["act and mul, int8"] == ["wait"]
+    assert order["split attention's combine, decode True, int8"] == ["wait"]
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"
     # The blocks by TMA, STAGES - 1 steps issued ahead of the loop and one in it: 2 x 2 + 2 tiles.
     assert tma["int8 gemv by tma, q4_k"] == tma["int8 gemv by tma, q4_k, experts"] == 6

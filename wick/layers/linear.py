@@ -16,6 +16,7 @@ from torch import nn
 
 from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.pending_act import PendingAct
+from wick.layers.pending_combine import PendingCombine
 from wick.layers.pending_norm import PendingNorm, resolved
 from wick.layers.quantization.base import LinearMethod, current_quantization
 from wick.layers.quantization.gguf import as_dense
@@ -207,6 +208,6 @@ class RowParallelLinear(LinearBase):
     def input_shard(self) -> tuple[int, int]:
         return self.tp_rank * self.input_size, self.input_size
 
-    def forward(self, x: torch.Tensor | PendingAct) -> torch.Tensor:
-        """x: a PendingAct only where the method reads one (reads_pending_act)."""
+    def forward(self, x: torch.Tensor | PendingAct | PendingCombine) -> torch.Tensor:
+        """x: a PendingAct or PendingCombine only where the method reads one (reads_pending_act)."""
         return tp_all_reduce(self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None))

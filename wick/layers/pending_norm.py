@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from wick.layers.pending_act import PendingAct
+from wick.layers.pending_combine import PendingCombine
 
 if TYPE_CHECKING:
     from wick.kernels.int8_activations import Int8Rows
@@ -66,6 +67,10 @@ class PendingNorm:
         return self._normed
 
 
-def resolved(x: torch.Tensor | PendingNorm | PendingAct) -> torch.Tensor:
+# The rows a layer's reader may take pending (each has dtype, columns, int8_rows(interleave) and value()).
+PENDING_ROWS = (PendingNorm, PendingAct, PendingCombine)
+
+
+def resolved(x: torch.Tensor | PendingNorm | PendingAct | PendingCombine) -> torch.Tensor:
     """x, or a pending row's value."""
-    return x.value() if isinstance(x, (PendingNorm, PendingAct)) else x
+    return x.value() if isinstance(x, PENDING_ROWS) else x

@@ -122,7 +122,8 @@ class DecoderAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
         norms = (self.q_norm, self.k_norm) if self.qk_norm else None
-        return self.o_proj(self.attn.rotate_and_attend(positions, q, k, v, self.rotary_emb, norms))
+        pending = self.o_proj.quant_method.reads_pending_act  # layers.pending_combine
+        return self.o_proj(self.attn.rotate_and_attend(positions, q, k, v, self.rotary_emb, norms, pending))
 
 
 class DecoderLayer(nn.Module):

@@ -30,6 +30,9 @@ class AttentionBackend(ABC):
     # Decode graphs of at least this many rows rank their requests longest context first for forward()
     # (AttentionMetadata.decode_order); None: it takes no order.
     decode_order_from: int | None = None
+    # True when forward() takes `pending`: a one-row decode step whose keys it split may then return its output as a
+    # layers.pending_combine.PendingCombine, the splits merged by whichever layer reads it.
+    defers_combine: bool = False
 
     def allocate_kv_cache(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """A zeroed cache of `shape` ([num_blocks, block_size, Hkv, D]), laid out in memory as this backend

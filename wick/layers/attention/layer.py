@@ -9,6 +9,7 @@ from torch import nn
 
 from wick.kernels.kv_cache_write import KVCacheTarget
 from wick.layers.attention.metadata import get_forward_context
+from wick.layers.pending_combine import PendingCombine
 
 if TYPE_CHECKING:
     from wick.layers.norm import RMSNorm
@@ -57,21 +58,25 @@ class Attention(nn.Module):
                              self.v_scale)
 
     def rotate_and_attend(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                          rotary: RotaryEmbedding, norms: tuple[RMSNorm, RMSNorm] | None = None) -> torch.Tensor:
+                          rotary: RotaryEmbedding, norms: tuple[RMSNorm, RMSNorm] | None = None,
+                          pending: bool = False) -> torch.Tensor | PendingCombine:
         """forward() over q and k rotated by `rotary` (q's and k's heads RMS-normalized by `norms` first). At a decode
         step of a backend that rotates them itself (rotates_at_decode), no rotary kernel runs: its kernel does."""
         context = get_forward_context()
         if context.backend.rotates_at_decode and context.attn_metadata.max_query_len == 1:
             rope = rotary.kernel_inputs(q, norms)
             if rope is not None:
-                return self.forward(q, k, v, rope=rope)
+                return self.forward(q, k, v, rope=rope, pending=pending)
         cache = self.cache_target()
         q, k = rotary(positions, q, k, norms, v, cache)
-        return self.forward(q, k, v, kv_written=cache is not None)
+        return self.forward(q, k, v, kv_written=cache is not None, pending=pending)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_written: bool = False,
-                rope: RopeInputs | None = None) -> torch.Tensor:
+                rope: RopeInputs | None = None, pending: bool = False) -> torch.Tensor | PendingCombine:
+        """pending (its reader takes a PendingCombine): a one-row step's output may be left for the reader to combine,
+        where the backend defers the combine (defers_combine)."""
         context = get_forward_context()
+        extra = {"pending": True} if pending and context.backend.defers_combine and q.shape[0] == 1 else {}
         out = context.backend.forward(
             q.view(-1, self.num_heads, self.head_dim),
             k.view(-1, self.num_kv_heads, self.head_dim),
@@ -86,5 +91,8 @@ class Attention(nn.Module):
             v_scale=self.v_scale,
             kv_written=kv_written,
             rope=rope,
+            **extra,
         )
+        if isinstance(out, PendingCombine):
+            return out
         return out.view(-1, self.num_heads * self.head_dim)

@@ -1,5 +1,6 @@
 """Paged attention with our Triton kernels: one kernel writes K/V into the pages (unless the layer has, in its
-rotary kernel), one attends. At a decode step the attention kernel also rotates q and k and writes K/V itself."""
+rotary kernel), one attends. At a decode step the attention kernel also rotates q and k and writes K/V itself, and
+where it split the keys and the caller asks (`pending`), the output is left pending (PendingCombine)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write
-from wick.kernels.paged_attention import LARGE_DECODE, paged_attention
+from wick.kernels.paged_attention import LARGE_DECODE, SplitPartials, paged_attention
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
+from wick.layers.pending_combine import PendingCombine
 
 if TYPE_CHECKING:
     from wick.layers.rotary import RopeInputs
@@ -23,6 +25,7 @@ class TritonAttentionBackend(AttentionBackend):
     caller_writes_kv = True
     rotates_at_decode = True
     decode_order_from = LARGE_DECODE
+    defers_combine = True
 
     def forward(
         self,
@@ -39,7 +42,8 @@ class TritonAttentionBackend(AttentionBackend):
         v_scale: float = 1.0,
         kv_written: bool = False,
         rope: RopeInputs | None = None,
-    ) -> torch.Tensor:
+        pending: bool = False,
+    ) -> torch.Tensor | PendingCombine:
         if kv_written and rope is not None:
             raise ValueError("with rope the attention kernel writes k and v: they cannot be in the cache already")
         if not kv_written and rope is None:
@@ -52,7 +56,9 @@ class TritonAttentionBackend(AttentionBackend):
                               sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                               k_scale=k_scale, v_scale=v_scale, rope=rope,
                               new_kv=None if rope is None else (k, v, metadata.slot_mapping),
-                              order=metadata.decode_order)
+                              order=metadata.decode_order, defer_combine=pending)
+        if isinstance(out, SplitPartials):
+            return PendingCombine(out)
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         if num_request_tokens < q.shape[0]:
             out[num_request_tokens:].zero_()  # tokens of no request, left unwritten by the kernel

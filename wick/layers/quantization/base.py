@@ -60,7 +60,7 @@ class LinearMethod(ABC):
     # may apply (else x reaches them normed).
     reads_pending_norm = False
     # Whether `apply` takes x as a layers.pending_act.PendingAct (a gated activation left for it; else x reaches it
-    # activated).
+    # activated) or a layers.pending_combine.PendingCombine (a split attention's output; else it reaches it combined).
     reads_pending_act = False
 
     @abstractmethod

@@ -18,7 +18,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from torch import nn
 
 from wick.layers.pending_act import PendingAct
-from wick.layers.pending_norm import PendingNorm, resolved
+from wick.layers.pending_norm import PENDING_ROWS, PendingNorm, resolved
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
 from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
@@ -208,9 +208,9 @@ def _runs_int8_gemv(part: GGUFWeight) -> bool:
 
 def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
                      ) -> torch.Tensor:
-    """x @ [part_0; part_1; ...]^T (+ bias). A pending row (a norm's or an activation's) that only int8 GEMVs read
-    reaches them rounded to int8 by the kernel that makes it, once for every part."""
-    if isinstance(x, (PendingNorm, PendingAct)) and all(_runs_int8_gemv(part) for part in parts):
+    """x @ [part_0; part_1; ...]^T (+ bias). A pending row (a norm's, an activation's, a split attention's) that only
+    int8 GEMVs read reaches them rounded to int8 by the kernel that makes it, once for every part."""
+    if isinstance(x, PENDING_ROWS) and all(_runs_int8_gemv(part) for part in parts):
         from wick.kernels.gguf_matmul import gguf_int8_rows_matmul
 
         rows = x.int8_rows()

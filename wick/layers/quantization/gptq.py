@@ -21,7 +21,7 @@ from wick.kernels.wna16_matmul import (
     wna16_dequantize,
 )
 from wick.layers.pending_act import PendingAct
-from wick.layers.pending_norm import PendingNorm, resolved
+from wick.layers.pending_norm import PENDING_ROWS, PendingNorm, resolved
 from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
 
 
@@ -159,9 +159,9 @@ def _takes_int8_rows(layer: nn.Module, k: int) -> bool:
 
 def apply_wna16(layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
                 ) -> torch.Tensor:
-    """x @ W (+ bias). A pending row (a norm's or an activation's) that the int8 GEMV reads reaches it rounded by
-    the kernel that makes it."""
-    if isinstance(x, (PendingNorm, PendingAct)) and _takes_int8_rows(layer, x.columns):
+    """x @ W (+ bias). A pending row (a norm's, an activation's, a split attention's) that the int8 GEMV reads
+    reaches it rounded by the kernel that makes it."""
+    if isinstance(x, PENDING_ROWS) and _takes_int8_rows(layer, x.columns):
         from wick.kernels.wna16_matmul import wna16_int8_rows_matmul
 
         out = wna16_int8_rows_matmul(x.int8_rows(interleave=True), layer.qweight, layer.scales, layer.wna16_zeros,
