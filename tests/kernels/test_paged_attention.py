@@ -289,12 +289,13 @@ def test_rotating_needs_a_decode_step_and_the_new_keys() -> None:
 
 
 @pytest.mark.parametrize("interleave", [False, True])
-def test_combine_rounds_a_decode_row_for_an_int8_gemv(interleave: bool) -> None:
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
+def test_combine_rounds_a_decode_row_for_an_int8_gemv(head_dim: int, interleave: bool) -> None:
     """A split decode step left uncombined: the combine rounding each token's row of heads to int8 gives the codes,
     scales and sums that quantize_q8 gives from the combined rows, and leaves out unwritten."""
     seq_lens = [40, 17, 33]
-    batch = make_batch(seq_lens, [1] * 3, 4, 2, 32, 4, torch.bfloat16)
-    args = (*batch, 32**-0.5, 1, max(seq_lens))
+    batch = make_batch(seq_lens, [1] * 3, 4, 2, head_dim, 4, torch.bfloat16)
+    args = (*batch, head_dim**-0.5, 1, max(seq_lens))
     expected = paged_attention(*args, num_splits=3)
     partials = paged_attention(*args, num_splits=3, defer_combine=True)
     assert isinstance(partials, SplitPartials)

@@ -41,12 +41,13 @@ def splits(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
 
 
-def _step(seq_lens: list[int]) -> tuple[AttentionMetadata, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+def _step(seq_lens: list[int], head_dim: int = HEAD_DIM
+          ) -> tuple[AttentionMetadata, tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """A decode step of len(seq_lens) requests over random caches (max_seq_len 256, a graph's bound): its metadata,
     q, k, v ([T, H*D], [T, Hkv*D] each) and the caches."""
     torch.manual_seed(0)
     tables = [[1 + 16 * i + p for p in range(-(-n // BLOCK))] for i, n in enumerate(seq_lens)]
-    caches = tuple(torch.randn(16 * len(seq_lens) + 1, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE) for _ in range(2))
+    caches = tuple(torch.randn(16 * len(seq_lens) + 1, BLOCK, KV_HEADS, head_dim, device=DEVICE) for _ in range(2))
     slots = [t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, seq_lens, strict=True)]
     width = max(map(len, tables))
     metadata = AttentionMetadata(
@@ -56,8 +57,8 @@ def _step(seq_lens: list[int]) -> tuple[AttentionMetadata, tuple[torch.Tensor, .
         block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32, device=DEVICE),
         max_query_len=1, max_seq_len=256, query_start_loc_cpu=list(range(len(seq_lens) + 1)), seq_lens_cpu=seq_lens)
     tokens = len(seq_lens)
-    qkv = (torch.randn(tokens, HEADS * HEAD_DIM, device=DEVICE),
-           *(torch.randn(tokens, KV_HEADS * HEAD_DIM, device=DEVICE) for _ in range(2)))
+    qkv = (torch.randn(tokens, HEADS * head_dim, device=DEVICE),
+           *(torch.randn(tokens, KV_HEADS * head_dim, device=DEVICE) for _ in range(2)))
     return metadata, qkv, caches
 
 
@@ -68,7 +69,8 @@ def _attend(layer: Attention, metadata: AttentionMetadata, qkv: tuple[torch.Tens
 
 
 def _layer(caches: tuple[torch.Tensor, ...]) -> Attention:
-    layer = Attention(HEADS, HEAD_DIM, HEAD_DIM**-0.5, KV_HEADS)
+    head_dim = caches[0].shape[-1]
+    layer = Attention(HEADS, head_dim, head_dim**-0.5, KV_HEADS)
     layer.bind_kv_cache([cache.clone() for cache in caches])
     return layer
 
@@ -86,11 +88,15 @@ def test_a_one_row_step_is_left_uncombined(interleave: bool) -> None:
     assert pending.value() is pending.value()
 
 
-def test_more_rows_or_no_reader_get_the_output() -> None:
+def test_more_rows_no_reader_or_narrow_heads_get_the_output() -> None:
+    """Two rows, a reader that takes no pending row, heads narrower than a run of 32: the combined output."""
     metadata, qkv, caches = _step([40, 17])
     assert isinstance(_attend(_layer(caches), metadata, qkv, pending=True), torch.Tensor)
     metadata, qkv, caches = _step([40])
     assert isinstance(_attend(_layer(caches), metadata, qkv, pending=False), torch.Tensor)
+    metadata, qkv, caches = _step([40], head_dim=16)
+    expected = _attend(_layer(caches), metadata, qkv, pending=False)
+    assert torch.equal(_attend(_layer(caches), metadata, qkv, pending=True), expected)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter runs the kernels on CPU tensors")
@@ -135,6 +141,7 @@ def test_int8_gemvs_take_the_combines_row(quantization: str, monkeypatch: pytest
     from test_pending_norm import _layer
 
     import wick.kernels.gguf_int8_gemv as int8_gemv_kernels
+    import wick.kernels.int8_activations as int8_activations
     import wick.kernels.wna16_matmul as wna16_kernels
     from wick.kernels.paged_attention import SplitPartials, paged_attention
 
@@ -150,6 +157,8 @@ def test_int8_gemvs_take_the_combines_row(quantization: str, monkeypatch: pytest
     expected = o_proj(paged_attention(*args, num_splits=4).view(1, heads * head_dim))
     partials = paged_attention(*args, num_splits=4, defer_combine=True)
     assert isinstance(partials, SplitPartials)
-    for kernels in (int8_gemv_kernels, wna16_kernels):
+    partials.out.fill_(7.0)
+    for kernels in (int8_gemv_kernels, wna16_kernels, int8_activations):
         monkeypatch.setattr(kernels, "quantize_q8", lambda *_, **__: pytest.fail("a rounding kernel ran"))
     assert torch.equal(o_proj(PendingCombine(partials)), expected)
+    assert torch.equal(partials.out, torch.full_like(partials.out, 7.0))  # rounded as combined, never written

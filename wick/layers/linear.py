@@ -209,5 +209,5 @@ class RowParallelLinear(LinearBase):
         return self.tp_rank * self.input_size, self.input_size
 
     def forward(self, x: torch.Tensor | PendingAct | PendingCombine) -> torch.Tensor:
-        """x: a PendingAct or PendingCombine only where the method reads one (reads_pending_act)."""
+        """x: a PendingAct or PendingCombine only where the method reads one (reads_pending_rows)."""
         return tp_all_reduce(self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None))

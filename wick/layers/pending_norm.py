@@ -67,10 +67,10 @@ class PendingNorm:
         return self._normed
 
 
-# The rows a layer's reader may take pending (each has dtype, columns, int8_rows(interleave) and value()).
-PENDING_ROWS = (PendingNorm, PendingAct, PendingCombine)
+# A row a layer's reader may take pending (each has dtype, columns, int8_rows(interleave) and value()).
+PendingRow = PendingNorm | PendingAct | PendingCombine
 
 
-def resolved(x: torch.Tensor | PendingNorm | PendingAct | PendingCombine) -> torch.Tensor:
+def resolved(x: torch.Tensor | PendingRow) -> torch.Tensor:
     """x, or a pending row's value."""
-    return x.value() if isinstance(x, PENDING_ROWS) else x
+    return x.value() if isinstance(x, PendingRow) else x

@@ -64,7 +64,7 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
     def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
-        pending = self.down_proj.quant_method.reads_pending_act
+        pending = self.down_proj.quant_method.reads_pending_rows
         return self.down_proj(self.gate_up_proj.gated(x, self.act_fn, pending=pending))
 
 
@@ -122,7 +122,7 @@ class DecoderAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
         norms = (self.q_norm, self.k_norm) if self.qk_norm else None
-        pending = self.o_proj.quant_method.reads_pending_act  # layers.pending_combine
+        pending = self.o_proj.quant_method.reads_pending_rows  # layers.pending_combine
         return self.o_proj(self.attn.rotate_and_attend(positions, q, k, v, self.rotary_emb, norms, pending))
 
 

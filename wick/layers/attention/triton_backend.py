@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write
-from wick.kernels.paged_attention import LARGE_DECODE, SplitPartials, paged_attention
+from wick.kernels.paged_attention import LARGE_DECODE, SplitPartials, combine_splits, paged_attention
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
 from wick.layers.pending_combine import PendingCombine
@@ -57,8 +57,10 @@ class TritonAttentionBackend(AttentionBackend):
                               k_scale=k_scale, v_scale=v_scale, rope=rope,
                               new_kv=None if rope is None else (k, v, metadata.slot_mapping),
                               order=metadata.decode_order, defer_combine=pending)
-        if isinstance(out, SplitPartials):
-            return PendingCombine(out)
+        if isinstance(out, SplitPartials):  # its reader may have the combine round it, a decode step's of 32-wide runs
+            if out.decode and q.shape[-1] % 32 == 0:
+                return PendingCombine(out)
+            out = combine_splits(out)
         num_request_tokens = metadata.query_start_loc_cpu[-1]
         if num_request_tokens < q.shape[0]:
             out[num_request_tokens:].zero_()  # tokens of no request, left unwritten by the kernel

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 from wick.kernels.wna16_matmul import pack_rows
-from wick.layers.pending_act import PendingAct
-from wick.layers.pending_norm import PendingNorm
+from wick.layers.pending_norm import PendingRow
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 from wick.layers.quantization.gptq import (
     apply_wna16,
@@ -67,7 +66,7 @@ def awq_unpack(packed: torch.Tensor) -> torch.Tensor:
 
 class AWQLinearMethod(LinearMethod):
     reads_pending_norm = True
-    reads_pending_act = True
+    reads_pending_rows = True
 
     def __init__(self, config: AWQConfig) -> None:
         self.config = config
@@ -108,6 +107,6 @@ class AWQLinearMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return [layer.g_idx, *wna16_held_tensors(layer)]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingRow, bias: torch.Tensor | None
               ) -> torch.Tensor:
         return apply_wna16(layer, x, bias)

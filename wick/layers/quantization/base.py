@@ -59,9 +59,10 @@ class LinearMethod(ABC):
     # Whether `apply` and `apply_gated` take x as a layers.pending_norm.PendingNorm, whose norm a kernel of theirs
     # may apply (else x reaches them normed).
     reads_pending_norm = False
-    # Whether `apply` takes x as a layers.pending_act.PendingAct (a gated activation left for it; else x reaches it
-    # activated) or a layers.pending_combine.PendingCombine (a split attention's output; else it reaches it combined).
-    reads_pending_act = False
+    # Whether `apply` takes x as a pending row of a row-parallel layer's input: a layers.pending_act.PendingAct (a gated
+    # activation left for it; else x reaches it activated) or a layers.pending_combine.PendingCombine (a split
+    # attention's output; else it reaches it combined).
+    reads_pending_rows = False
 
     @abstractmethod
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],

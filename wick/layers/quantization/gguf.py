@@ -17,8 +17,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from torch import nn
 
-from wick.layers.pending_act import PendingAct
-from wick.layers.pending_norm import PENDING_ROWS, PendingNorm, resolved
+from wick.layers.pending_norm import PendingRow, resolved
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
 from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
@@ -138,7 +137,7 @@ class GGUFLinearMethod(LinearMethod):
     `layer.gguf_shards` (while loading) and `layer.gguf_parts` (after)."""
 
     reads_pending_norm = True
-    reads_pending_act = True
+    reads_pending_rows = True
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int],
                        params_dtype: torch.dtype) -> None:
@@ -189,7 +188,7 @@ class GGUFLinearMethod(LinearMethod):
             return layer.cpu_kernel.tensors()
         return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingRow, bias: torch.Tensor | None
               ) -> torch.Tensor:
         if layer.cpu_kernel is not None:
             out = layer.cpu_kernel(resolved(x))
@@ -206,11 +205,11 @@ def _runs_int8_gemv(part: GGUFWeight) -> bool:
     return runs_int8_gemv(part.qtype, part.data)
 
 
-def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+def apply_gguf_parts(parts: list[GGUFWeight], x: torch.Tensor | PendingRow, bias: torch.Tensor | None
                      ) -> torch.Tensor:
     """x @ [part_0; part_1; ...]^T (+ bias). A pending row (a norm's, an activation's, a split attention's) that only
     int8 GEMVs read reaches them rounded to int8 by the kernel that makes it, once for every part."""
-    if isinstance(x, PENDING_ROWS) and all(_runs_int8_gemv(part) for part in parts):
+    if isinstance(x, PendingRow) and all(_runs_int8_gemv(part) for part in parts):
         from wick.kernels.gguf_matmul import gguf_int8_rows_matmul
 
         rows = x.int8_rows()

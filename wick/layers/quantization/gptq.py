@@ -20,8 +20,7 @@ from wick.kernels.wna16_matmul import (
     unpack_rows,
     wna16_dequantize,
 )
-from wick.layers.pending_act import PendingAct
-from wick.layers.pending_norm import PENDING_ROWS, PendingNorm, resolved
+from wick.layers.pending_norm import PendingRow, resolved
 from wick.layers.quantization.base import DEQUANTIZE_MIN_ROWS, LinearMethod, QuantizationConfig, set_weight_attrs
 
 
@@ -61,7 +60,7 @@ class GPTQConfig(QuantizationConfig):
 
 class GPTQLinearMethod(LinearMethod):
     reads_pending_norm = True
-    reads_pending_act = True
+    reads_pending_rows = True
 
     def __init__(self, config: GPTQConfig) -> None:
         self.config = config
@@ -113,7 +112,7 @@ class GPTQLinearMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return wna16_held_tensors(layer)
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingRow, bias: torch.Tensor | None
               ) -> torch.Tensor:
         return apply_wna16(layer, x, bias)
 
@@ -157,11 +156,11 @@ def _takes_int8_rows(layer: nn.Module, k: int) -> bool:
             and takes_int8_activations(layer.wna16_bits, group, k, WNA16_GEMV_CONFIG[1]))
 
 
-def apply_wna16(layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+def apply_wna16(layer: nn.Module, x: torch.Tensor | PendingRow, bias: torch.Tensor | None
                 ) -> torch.Tensor:
     """x @ W (+ bias). A pending row (a norm's, an activation's, a split attention's) that the int8 GEMV reads
     reaches it rounded by the kernel that makes it."""
-    if isinstance(x, PENDING_ROWS) and _takes_int8_rows(layer, x.columns):
+    if isinstance(x, PendingRow) and _takes_int8_rows(layer, x.columns):
         from wick.kernels.wna16_matmul import wna16_int8_rows_matmul
 
         out = wna16_int8_rows_matmul(x.int8_rows(interleave=True), layer.qweight, layer.scales, layer.wna16_zeros,

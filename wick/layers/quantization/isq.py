@@ -15,8 +15,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from torch import nn
 
-from wick.layers.pending_act import PendingAct
-from wick.layers.pending_norm import PendingNorm
+from wick.layers.pending_norm import PendingRow
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig, set_weight_attrs
 from wick.layers.quantization.gguf import GGUFWeight, apply_gguf_parts
 from wick.layers.quantization.gguf_quantize import quantize
@@ -56,7 +55,7 @@ def _type_for(qtype: GGMLQuantizationType, columns: int) -> GGMLQuantizationType
 
 class InSituGGUFMethod(LinearMethod):
     reads_pending_norm = True
-    reads_pending_act = True
+    reads_pending_rows = True
 
     def __init__(self, qtype: GGMLQuantizationType) -> None:
         self.qtype = qtype
@@ -103,6 +102,6 @@ class InSituGGUFMethod(LinearMethod):
     def held_tensors(self, layer: nn.Module) -> list[torch.Tensor]:
         return [tensor for part in layer.gguf_parts for tensor in part.held_tensors()]
 
-    def apply(self, layer: nn.Module, x: torch.Tensor | PendingNorm | PendingAct, bias: torch.Tensor | None
+    def apply(self, layer: nn.Module, x: torch.Tensor | PendingRow, bias: torch.Tensor | None
               ) -> torch.Tensor:
         return apply_gguf_parts(layer.gguf_parts, x, bias)
