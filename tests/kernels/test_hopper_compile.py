@@ -43,7 +43,7 @@ VARIANTS = {
         {"GROUP": 8, "GROUP_PAD": 8, "BLOCK_Q": 2, "BLOCK_M": 16, "BLOCK_N": 128, "HEAD_DIM": 128, "BLOCK_SIZE": 16,
          "REQ_CHUNK": 128, "SPLIT": True, "WINDOWED": False, "SOFT_CAP": False, "DOT_PRECISION": "tf32",
          "ROPE": rope, "QK_NORM": rope, "FP8_CACHE": cache == "fp8e4nv", "DECODE": decode, "ORDERED": rope,
-         "PDL": 2})
+         "PREFETCH": decode, "CACHE_LINE": 128 if cache == "fp8e4nv" else 64, "PDL": 2})
        for rope, cache, decode in ((False, "bf16", False), (False, "bf16", True), (True, "bf16", True),
                                    (True, "fp8e4nv", True))},
     **{f"split attention's combine, decode {decode}{', int8' if rounds else ''}": (
@@ -118,7 +118,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 sys.path.insert(0, sys.argv[1])
 from test_hopper_compile import VARIANTS
-order, tma = {}, {}
+order, tma, prefetched = {}, {}, {}
 for name, (where, pointers, constexprs) in VARIANTS.items():
     module, kernel = where.split(":")
     kernel = getattr(importlib.import_module(module), kernel)
@@ -127,7 +127,10 @@ for name, (where, pointers, constexprs) in VARIANTS.items():
                          target=GPUTarget("cuda", 90, 32)).asm["ptx"]
     order[name] = re.findall(r"griddepcontrol\\.(\\w+)", ptx)
     tma[name] = len(re.findall(r"cp\\.async\\.bulk\\.tensor", ptx))
-print(json.dumps([order, tma]))
+    # the L2 prefetches issued before the wait, and after it
+    before, _, after = ptx.partition("griddepcontrol.wait")
+    prefetched[name] = [before.count("prefetch.global.L2"), after.count("prefetch.global.L2")]
+print(json.dumps([order, tma, prefetched]))
 """
 
 
@@ -141,7 +144,7 @@ def test_kernels_compile_for_hopper() -> None:
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
-    order, tma = json.loads(child.stdout.strip().splitlines()[-1])
+    order, tma, prefetched = json.loads(child.stdout.strip().splitlines()[-1])
     assert {name: "wait" in steps for name, steps in order.items()} == {
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
@@ -149,5 +152,10 @@ def test_kernels_compile_for_hopper() -> None:
     assert order["rms norm pdl 3, int8"] == order["act and mul, int8"] == ["wait"]
     assert order["split attention's combine, decode True, int8"] == ["wait"]
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"
+    # a decode step's attention asks for its first key tile's keys and values (and with rope its cos/sin) before it
+    # waits, and for nothing after; a prefill's asks for nothing
+    for name, counts in prefetched.items():
+        if name.startswith("paged attention"):
+            assert (counts[0] > 0, counts[1]) == ("decode True" in name, 0), (name, counts)
     # The blocks by TMA, STAGES - 1 steps issued ahead of the loop and one in it: 2 x 2 + 2 tiles.
     assert tma["int8 gemv by tma, q4_k"] == tma["int8 gemv by tma, q4_k, experts"] == 6

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
 from wick.kernels.kv_cache_write import FP8_DTYPES, to_cache_values
-from wick.kernels.pdl import pdl_options, pdl_prologue
+from wick.kernels.pdl import pdl_options, pdl_prologue, uses_pdl
 from wick.kernels.rotary import rotated_rows
 
 if TYPE_CHECKING:
@@ -91,6 +91,25 @@ def _attend_tile(
     return acc, l_i, m_new
 
 
+@triton.jit
+def _prefetch_l2(ptrs):
+    """Asks L2 for the 128-byte lines at ptrs, without waiting for them."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];", "=r,l", [ptrs], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _prefetch_tile(k_ptr, v_ptr, table_ptr, lo, hi, stride_kb, stride_ks, stride_vb, stride_vs,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, CACHE_LINE: tl.constexpr):
+    """_prefetch_l2 over the keys and values of keys [lo, min(lo + BLOCK_N, hi)), CACHE_LINE of a head's elements a
+    line."""
+    keys = lo + tl.arange(0, BLOCK_N)
+    page = tl.load(table_ptr + keys // BLOCK_SIZE, mask=keys < hi, other=0).to(tl.int64)
+    slot = (keys % BLOCK_SIZE).to(tl.int64)
+    lines = (tl.arange(0, HEAD_DIM // CACHE_LINE) * CACHE_LINE)[None, :]
+    _prefetch_l2(k_ptr + (page * stride_kb + slot * stride_ks)[:, None] + lines)
+    _prefetch_l2(v_ptr + (page * stride_vb + slot * stride_vs)[:, None] + lines)
+
+
 @triton.jit(do_not_specialize=["num_reqs", "stride_bt"])
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr,
@@ -104,7 +123,7 @@ def _paged_attention_kernel(
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, REQ_CHUNK: tl.constexpr,
     SPLIT: tl.constexpr, WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
     ROPE: tl.constexpr, QK_NORM: tl.constexpr, FP8_CACHE: tl.constexpr, DECODE: tl.constexpr, ORDERED: tl.constexpr,
-    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, CACHE_LINE: tl.constexpr, PDL: tl.constexpr,
 ):
     """DECODE: every request has one query, row i of q being request i's (a decode step): no lookup of the program's
     request in query_start_loc, two dependent loads fewer before the keys. ORDERED (decode only): program i takes
@@ -113,8 +132,13 @@ def _paged_attention_kernel(
     ROPE (decode steps only: one query a request): q and the new k arrive as the QKV projection left them (new_k,
     new_v: the step's k and v); each program rotates its query heads (RMS-normalized first where QK_NORM) at their
     position, the request's last, and the program whose keys hold that position writes the rotated k and v into the
-    cache, then reads them back with the rest, as rotary.py's kernel would have written them."""
-    pdl_prologue(PDL)
+    cache, then reads them back with the rest, as rotary.py's kernel would have written them.
+
+    Before its PDL wait a program reads only what no kernel of the step writes (query_start_loc, seq_lens, the block
+    table, order, slot_mapping: the host's copies, and decode_inputs.py's, which launches without PDL), so it finds
+    its keys, and a split without any ends, while the kernel before it runs; where PREFETCH (decode steps) it then
+    asks L2 for its first key tile's keys and values and its position's cos/sin, which no kernel of the step writes
+    either but for the new key's row, which this kernel writes after the wait."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -151,21 +175,6 @@ def _paged_attention_kernel(
     seq_len = tl.load(seq_lens_ptr + req)
     context = seq_len - q_len
 
-    rows = tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, HEAD_DIM)
-    q_tok = q_first + rows // GROUP_PAD
-    head_in_group = rows % GROUP_PAD
-    row_valid = (q_tok < q_len) & (head_in_group < GROUP)
-    token = (q_start + q_tok).to(tl.int64)
-    head = kv_head * GROUP + head_in_group
-    pos = context + q_tok
-    q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
-    if ROPE:
-        q = rotated_rows(q_rows, dims, row_valid[:, None], pos[:, None], cos_sin_ptr, stride_cos_sin, q_norm_ptr,
-                         norm_eps, HEAD_DIM, QK_NORM)
-    else:
-        q = tl.load(q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
-
     # keys [0, full_end) are visible to every row of the tile; [full_end, kv_end) need the causal mask
     kv_end = tl.minimum(context + q_first + BLOCK_Q, seq_len)
     full_end = (context + q_first + 1) // BLOCK_N * BLOCK_N
@@ -183,8 +192,31 @@ def _paged_attention_kernel(
 
     k_ptr = k_cache_ptr + kv_head * stride_kh
     v_ptr = v_cache_ptr + kv_head * stride_vh
+    table_ptr = block_tables_ptr + req.to(tl.int64) * stride_bt
     if ROPE:
         slot = tl.load(slot_mapping_ptr + q_start).to(tl.int64)
+    if PREFETCH:
+        _prefetch_tile(k_ptr, v_ptr, table_ptr, lo, hi, stride_kb, stride_ks, stride_vb, stride_vs,
+                       BLOCK_N, HEAD_DIM, BLOCK_SIZE, CACHE_LINE)
+        if ROPE:
+            _prefetch_l2(cos_sin_ptr + context.to(tl.int64) * stride_cos_sin + tl.arange(0, HEAD_DIM))
+    pdl_prologue(PDL)
+
+    rows = tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q_tok = q_first + rows // GROUP_PAD
+    head_in_group = rows % GROUP_PAD
+    row_valid = (q_tok < q_len) & (head_in_group < GROUP)
+    token = (q_start + q_tok).to(tl.int64)
+    head = kv_head * GROUP + head_in_group
+    pos = context + q_tok
+    q_rows = q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh
+    if ROPE:
+        q = rotated_rows(q_rows, dims, row_valid[:, None], pos[:, None], cos_sin_ptr, stride_cos_sin, q_norm_ptr,
+                         norm_eps, HEAD_DIM, QK_NORM)
+    else:
+        q = tl.load(q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
+    if ROPE:
         if (slot >= 0) & (lo <= context) & (context < hi):  # the new token (position `context`) is this split's
             new_k = rotated_rows(new_k_ptr + q_start.to(tl.int64) * stride_nkt + kv_head * stride_nkh, dims, True,
                                  context + tl.zeros([1, 1], dtype=tl.int32), cos_sin_ptr, stride_cos_sin, k_norm_ptr,
@@ -193,7 +225,6 @@ def _paged_attention_kernel(
             new_v = tl.load(new_v_ptr + q_start.to(tl.int64) * stride_nvt + kv_head * stride_nvh + dims)
             tl.store(v_ptr + slot * stride_vs + dims, to_cache_values(new_v, v_ptr, v_inv_scale, FP8_CACHE))
         tl.debug_barrier()  # the stores are seen by the program's own loads of the page
-    table_ptr = block_tables_ptr + req.to(tl.int64) * stride_bt
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
@@ -381,7 +412,8 @@ def paged_attention(
         SPLIT=split, WINDOWED=bool(sliding_window), SOFT_CAP=bool(logits_soft_cap),
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", ROPE=rope is not None,
         QK_NORM=rope is not None and rope.norm_weights is not None, FP8_CACHE=k_cache.dtype in FP8_DTYPES,
-        DECODE=decode, ORDERED=ordered, **launch, **pdl_options(q),
+        DECODE=decode, ORDERED=ordered, PREFETCH=decode and uses_pdl(q),
+        CACHE_LINE=min(head_dim, 128 // k_cache.element_size()), **launch, **pdl_options(q),
     )
     if not split:
         return out
