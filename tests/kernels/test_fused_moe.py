@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from wick.kernels import fused_moe
-from wick.kernels.fused_moe import MoeTile, fused_experts, sum_pairs
+from wick.kernels.fused_moe import MoeTile, fused_experts
 from wick.kernels.int8_activations import quantize_q8_ref
 from wick.kernels.wna16_matmul import EXPERT_GEMV_CONFIG, pack_rows, takes_int8_activations
 from wick.layers.moe.fp8_experts import Fp8Experts, fused_experts_fp8
@@ -226,15 +226,6 @@ def test_wna16_tiles_end_in_a_partial_step(num_tokens: int) -> None:
     expected = fused_experts_ref(x, q13, q2, weights, ids)
     out = fused_experts_wna16(x, q13, q2, weights, ids, "tiles")
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=1e-4)
-
-
-@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
-def test_sum_pairs(weighted: bool) -> None:
-    g = torch.Generator().manual_seed(4)
-    partial = torch.randn(5 * 3, 40, generator=g).to(DEVICE)
-    weights = torch.rand(5, 3, generator=g).to(DEVICE)
-    expected = (partial.view(5, 3, 40) * (weights.unsqueeze(-1) if weighted else 1)).sum(1)
-    torch.testing.assert_close(sum_pairs(partial, 3, weights if weighted else None), expected)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

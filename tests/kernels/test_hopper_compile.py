@@ -1,9 +1,9 @@
 """The gated GEMVs, three int8 GEMVs (one reading W by TMA), the split paged attention (also rotating q and k, and
-taking its requests in an order) and its combine, RMSNorm, the sampler's draw, the fused MoE GEMM (also with B's
-tiles by TMA), the decode graphs' first kernel and moe_align's kernels compiled for an H100 (sm_90) by Triton's own
-compiler, on any machine: what the interpreter (the CPU tests' way of running them) does not check, such as the
-shapes a compiled kernel must keep and where it waits for the kernel before it. The compiler runs in a child process,
-since this folder's kernels are imported interpreted (conftest.py)."""
+taking its requests in an order) and its combine, RMSNorm (also summing an MoE layer's pairs), the sampler's draw,
+the fused MoE GEMM (also with B's tiles by TMA), the decode graphs' first kernel and moe_align's kernels compiled
+for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running
+them) does not check, such as the shapes a compiled kernel must keep and where it waits for the kernel before it.
+The compiler runs in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -53,14 +53,15 @@ VARIANTS = {
         {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "QUANTIZE": rounds, "INTERLEAVE": rounds,
          "PDL": 3 if rounds else 1})
        for decode, rounds in ((False, False), (True, False), (True, True))},
-    **{f"rms norm pdl {pdl}{', int8' if pdl == 3 else ''}": (
+    **{f"rms norm pdl {pdl}{', int8' if pdl == 3 else ''}{f', {top_k} pairs' if top_k else ''}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",
          "out_ptr": "*bf16", "x_weight_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32",
-         "eps": "fp32", "x_eps": "fp32"},
+         "pair_weights_ptr": "*fp32", "eps": "fp32", "x_eps": "fp32"},
         {"D": 4096 if pdl == 3 else 1024, "BLOCK_D": 4096 if pdl == 3 else 1024, "BLOCK_ROWS": 1 if pdl == 3 else 2,
-         "HAS_RESIDUAL": True, "X_NORM": False, "QUANTIZE": pdl == 3, "INTERLEAVE": pdl == 3, "PDL": pdl})
-       for pdl in (1, 2, 3)},
+         "HAS_RESIDUAL": True, "X_NORM": False, "QUANTIZE": pdl == 3, "INTERLEAVE": pdl == 3, "TOP_K": top_k,
+         "PDL": pdl})
+       for pdl, top_k in ((1, 0), (2, 0), (3, 0), (3, 8))},
     "act and mul, int8": (
         "wick.kernels.activation:_act_and_mul_kernel",
         {"x_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
@@ -149,7 +150,8 @@ def test_kernels_compile_for_hopper() -> None:
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
-    assert order["rms norm pdl 3, int8"] == order["act and mul, int8"] == ["wait"]
+    assert order["rms norm pdl 3, int8"] == order["rms norm pdl 3, int8, 8 pairs"] == order["act and mul, int8"] == [
+        "wait"]
     assert order["split attention's combine, decode True, int8"] == ["wait"]
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"
     # a decode step's attention asks for its first key tile's keys and values (and with rope its cos/sin) before it

@@ -155,3 +155,41 @@ def test_models_decode_through_pending_norms(name: str, monkeypatch: pytest.Monk
     torch.testing.assert_close(got[0][1], expected[0][1], atol=1e-4, rtol=1e-4)
     # two decode steps of one row, each norm but the first layer's pre-attention one in a GEMV
     assert sum(normed_gemvs) == 2 * (2 * config.num_hidden_layers - 1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="Triton's interpreter runs the kernels on CPU tensors")
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
+def test_moe_models_decode_with_their_pairs_summed_by_the_next_norm(name: str, monkeypatch: pytest.MonkeyPatch
+                                                                     ) -> None:
+    """The experts' pairs left unsummed (as quantized experts leave them on a GPU; here the reference's products,
+    on the CPU): the next layer's pending norm (its kernel in Triton's interpreter) and the final norm sum them, and
+    one sequence decodes as with the experts' own sums."""
+    from hf_configs import build_pair, hf_configs
+    from paged_generate import PagedRunner
+
+    import wick.layers.moe.fused_moe as fused_moe
+    from wick.kernels.pair_sum import PairRows
+
+    def unsummed(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor,
+                 ids: torch.Tensor) -> PairRows:
+        rows = []
+        for token, experts in enumerate(ids.tolist()):
+            for expert in experts:
+                gate, up = torch.nn.functional.linear(x[token], w13[expert]).chunk(2)
+                rows.append(torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, w2[expert]))
+        returned.append(True)
+        return PairRows(torch.stack(rows), weights.float().contiguous())
+
+    def one_row(self: RMSNorm, x: torch.Tensor | PairRows, residual: torch.Tensor) -> bool:
+        return len(x.shape) == 2 and x.shape[0] == 1 and x.dtype == self.weight.dtype == residual.dtype
+
+    returned = []
+    _, ours = build_pair(hf_configs()[name])
+    prompt = [[5, 17, 42, 9, 77]]
+    expected = PagedRunner(ours).generate(prompt, 3)
+    monkeypatch.setattr(fused_moe, "fused_experts_ref", unsummed)
+    monkeypatch.setattr(RMSNorm, "_pends", one_row)
+    got = PagedRunner(ours).generate(prompt, 3)
+    assert returned
+    assert got[0][0] == expected[0][0]
+    torch.testing.assert_close(got[0][1], expected[0][1], atol=1e-4, rtol=1e-4)

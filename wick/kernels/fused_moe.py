@@ -4,7 +4,7 @@ The (token, expert) pairs are sorted by expert and each expert's run is padded t
 program's tile of rows belongs to one expert and reads that expert's weights once for all of them
 (moe_align, on the device, no host sync). The first GEMM computes a tile's gate and up
 columns together from w13 and writes silu(gate) * up; the second multiplies by w2 and by the routing
-weight. The top-k partial outputs of each token are then summed by a third kernel (torch's sum over the
+weight. The top-k partial outputs of each token are then summed by a third kernel (pair_sum.py; torch's sum over the
 middle dim took 4.6 us at one token on an H100). Accumulation is in fp32.
 
 Experts in fp8 (e4m3, W8A16) carry float32 scales over [SCALE_N, SCALE_K] tiles of each expert's matrix (128 x 128
@@ -30,6 +30,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from wick.kernels.moe_align import moe_align
+from wick.kernels.pair_sum import sum_pairs
 from wick.kernels.pdl import hopper_or_later
 from wick.kernels.wna16_matmul import load_unpacked
 
@@ -172,35 +173,6 @@ def _moe_gemm_kernel(
             pairs = tl.load(first + tl.arange(0, BLOCK_M)).to(tl.int64)
             _pairs_tile(*args, pairs, pairs < num_pairs, pid_n, N, K, *strides, A_ROW_DIV, GATED, MUL_WEIGHT,
                         SCALING, SCALE_N, SCALE_K, BITS, TMA, BLOCK_N, BLOCK_K, DOT_PRECISION)
-
-
-@triton.jit
-def _sum_pairs_kernel(partial_ptr, weights_ptr, out_ptr, N, TOP_K: tl.constexpr, K_PAD: tl.constexpr,
-                      BLOCK_N: tl.constexpr, WEIGHTED: tl.constexpr):
-    """out[token] = sum over j of partial[token * TOP_K + j] (times weights[token * TOP_K + j] where WEIGHTED), in
-    fp32."""
-    token = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    pairs = tl.arange(0, K_PAD)
-    mask = (pairs < TOP_K)[:, None] & (cols < N)[None, :]
-    rows = tl.load(partial_ptr + (token * TOP_K + pairs)[:, None] * N + cols[None, :], mask=mask, other=0.0)
-    rows = rows.to(tl.float32)
-    if WEIGHTED:
-        rows *= tl.load(weights_ptr + token * TOP_K + pairs, mask=pairs < TOP_K, other=0.0)[:, None]
-    tl.store(out_ptr + token * N + cols, tl.sum(rows, axis=0).to(out_ptr.dtype.element_ty), mask=cols < N)
-
-
-def sum_pairs(partial: torch.Tensor, top_k: int, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """partial [T * top_k, N] (contiguous; row t * top_k + j: token t's j-th expert) -> [T, N], the sum over j, each
-    row times weights [T, top_k] (float32) if given."""
-    hidden = partial.shape[1]
-    summed = torch.empty(partial.shape[0] // top_k, hidden, dtype=partial.dtype, device=partial.device)
-    block_n = min(1024, triton.next_power_of_2(hidden))
-    _sum_pairs_kernel[(summed.shape[0], triton.cdiv(hidden, block_n))](
-        partial, partial if weights is None else weights.contiguous(), summed, hidden, TOP_K=top_k,
-        K_PAD=triton.next_power_of_2(top_k), BLOCK_N=block_n, WEIGHTED=weights is not None,
-    )
-    return summed
 
 
 class MoeTile(NamedTuple):

@@ -1,5 +1,6 @@
-"""RMSNorm in one kernel, optionally fused with the residual add before it, and with a first RMSNorm of
-the added x (Gemma's and GLM-4's norm of a sublayer's output before the residual add).
+"""RMSNorm in one kernel, optionally fused with the residual add before it, with a first RMSNorm of the added x
+(Gemma's and GLM-4's norm of a sublayer's output before the residual add), and with the sum of an MoE layer's pairs
+that makes that x (pair_sum.PairRows).
 
 The arithmetic follows wick.layers.norm.RMSNorm step by step, rounding where its torch ops round: the
 sum x + residual is rounded to the input dtype, the variance and scaling are fp32, the scaled row is
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
+from wick.kernels.pair_sum import PairRows, pair_sum
 from wick.kernels.pdl import pdl_options, pdl_prologue
 
 
@@ -53,19 +55,24 @@ def _normalize(x, weight_ptr, cols, eps, D: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_rows"])
 def _rms_norm_kernel(
-    x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, x_weight_ptr, q_ptr, d_ptr, s_ptr,
+    x_ptr, residual_ptr, residual_out_ptr, weight_ptr, out_ptr, x_weight_ptr, q_ptr, d_ptr, s_ptr, pair_weights_ptr,
     num_rows, heads, stride_xt, stride_xh, stride_xd, stride_rt, stride_rh, stride_rd, eps, x_eps,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_ROWS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    X_NORM: tl.constexpr, QUANTIZE: tl.constexpr, INTERLEAVE: tl.constexpr, PDL: tl.constexpr,
+    X_NORM: tl.constexpr, QUANTIZE: tl.constexpr, INTERLEAVE: tl.constexpr, TOP_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Where QUANTIZE (one row a program) the normed row is also rounded to int8 (int8_activations.store_runs)."""
+    """Where QUANTIZE (one row a program) the normed row is also rounded to int8 (int8_activations.store_runs). Where
+    TOP_K (rows of one head) x's row t is the sum of an MoE layer's pairs t * TOP_K + j at x_ptr, contiguous, each
+    times its weight (pair_sum.pair_sum), rounded to x's dtype."""
     pdl_prologue(PDL)
     rows = (tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < num_rows)[:, None] & (cols < D)[None, :]
     token, head = rows // heads, rows % heads
-    x_offsets = (token * stride_xt + head * stride_xh)[:, None] + cols[None, :] * stride_xd
-    x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0)
+    if TOP_K > 0:
+        x = pair_sum(x_ptr, pair_weights_ptr, rows, cols, mask, D, TOP_K, True).to(x_ptr.dtype.element_ty)
+    else:
+        x_offsets = (token * stride_xt + head * stride_xh)[:, None] + cols[None, :] * stride_xd
+        x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     if X_NORM:
         x = _normalize(x, x_weight_ptr, cols, x_eps, D).to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
@@ -87,12 +94,18 @@ def _as_heads(x: torch.Tensor) -> torch.Tensor:
     return x.unsqueeze(1) if x.dim() == 2 else x.flatten(0, -3)
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
+def _launch(x: torch.Tensor | PairRows, residual: torch.Tensor | None, weight: torch.Tensor, eps: float,
             x_norm: tuple[torch.Tensor, float] | None = None, residual_out: torch.Tensor | None = None,
             out: torch.Tensor | None = None, int8_out: Int8Rows | None = None, interleave: bool = False
             ) -> torch.Tensor:
     if out is None:
         out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    pairs = x if isinstance(x, PairRows) else None
+    if pairs is not None:
+        if not (pairs.rows.is_contiguous() and pairs.weights.is_contiguous()
+                and pairs.rows.shape[0] == pairs.weights.numel()):
+            raise ValueError("MoE pairs are summed from rows [T * top_k, N] and weights [T, top_k], contiguous")
+        x = pairs.rows[:pairs.shape[0]]  # stands for the sums [T, N] (shape, strides); the kernel reads the pairs
     x3 = _as_heads(x)
     r3 = x3 if residual is None else _as_heads(residual)
     r3_out = r3 if residual_out is None else _as_heads(residual_out)
@@ -106,10 +119,10 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     block_rows = 1 if int8_out else max(1, _ELEMENTS_PER_PROGRAM // block_d)
     x_weight, x_eps = x_norm or (weight, eps)
     _rms_norm_kernel[(triton.cdiv(num_rows, block_rows),)](
-        x3, r3, r3_out, weight, out, x_weight, *(int8_out or (out, out, out)),
+        x3, r3, r3_out, weight, out, x_weight, *(int8_out or (out, out, out)), out if pairs is None else pairs.weights,
         num_rows, heads, *x3.stride(), *r3.stride(), eps, x_eps,
         D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None, X_NORM=x_norm is not None,
-        QUANTIZE=int8_out is not None, INTERLEAVE=interleave,
+        QUANTIZE=int8_out is not None, INTERLEAVE=interleave, TOP_K=0 if pairs is None else pairs.weights.shape[1],
         # with int8_out the int8 GEMV after it is to launch once it has ended (int8_activations.quantize_q8)
         num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x, wait_only=int8_out is not None),
         # a product and the sum after its rounding contracted into one fma would skip the rounding the
@@ -128,11 +141,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+    x: torch.Tensor | PairRows, residual: torch.Tensor, weight: torch.Tensor, eps: float,
     x_norm: tuple[torch.Tensor, float] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """residual += x in place (rounded to x's dtype); returns (rms_norm(residual), residual).
-    x_norm: (weight, eps) of an RMSNorm applied to x first (the weight in x's dtype)."""
+    x_norm: (weight, eps) of an RMSNorm applied to x first (the weight in x's dtype). x may be an MoE layer's pairs,
+    summed as they load."""
     if residual.shape != x.shape or residual.dtype != x.dtype:
         raise ValueError(f"residual {residual.dtype}{list(residual.shape)} must match x {x.dtype}{list(x.shape)}")
     if x_norm is not None and x_norm[0].dtype != x.dtype:
@@ -140,16 +154,16 @@ def fused_add_rms_norm(
     return _launch(x, residual, weight, eps, x_norm), residual
 
 
-def row_norm(x: torch.Tensor, norm: RowNorm) -> torch.Tensor:
+def row_norm(x: torch.Tensor | PairRows, norm: RowNorm) -> torch.Tensor:
     """The norm's rows by this module's kernel, out of place: x + norm.residual into norm.residual_out, its RMSNorm
     into norm.normed_out, which is returned."""
     return _launch(x, norm.residual, norm.weight, norm.eps, residual_out=norm.residual_out, out=norm.normed_out)
 
 
-def row_norm_q8(x: torch.Tensor, norm: RowNorm, interleave: bool = False) -> Int8Rows:
+def row_norm_q8(x: torch.Tensor | PairRows, norm: RowNorm, interleave: bool = False) -> Int8Rows:
     """row_norm's, and the normed rows rounded to int8 as int8_activations.quantize_q8(normed, interleave) rounds
     them, by the same kernel (x [M, D], D a multiple of 32)."""
-    int8_out = int8_rows_like(x.reshape(-1, x.shape[-1]))
+    int8_out = int8_rows_like(norm.residual.reshape(-1, norm.residual.shape[-1]))
     _launch(x, norm.residual, norm.weight, norm.eps, residual_out=norm.residual_out, out=norm.normed_out,
             int8_out=int8_out, interleave=interleave)
     return int8_out

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wick.kernels.pair_sum import PairRows
 from wick.layers.linear import default_weight_loader
 from wick.layers.pending_norm import PendingNorm
 
@@ -24,7 +25,7 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: RMSNorm | None = None,
+        self, x: torch.Tensor | PairRows, residual: torch.Tensor | None = None, x_norm: RMSNorm | None = None,
         pending: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor | PendingNorm, torch.Tensor]:
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual). x_norm (with a
@@ -32,8 +33,11 @@ class RMSNorm(nn.Module):
         (with a residual, and its reader takes PendingNorm): the norm of one row on CUDA is left to the reader.
 
         On CUDA one fused kernel runs, and x + residual is written into residual in place (a pending norm's goes
-        out of place, into PendingNorm.residual).
+        out of place, into PendingNorm.residual). x may be an MoE layer's pairs unsummed (PairRows), which that
+        kernel sums as it loads them.
         """
+        if isinstance(x, PairRows) and residual is None:
+            x = x.value()
         if pending and residual is not None and x_norm is None and self._pends(x, residual):
             norm = PendingNorm(x, residual, self.weight, self.eps)
             return norm, norm.residual
@@ -48,6 +52,8 @@ class RMSNorm(nn.Module):
             if x_norm is not None:
                 x = x_norm(x)
             return fused_add_rms_norm(x, residual, self.weight, self.eps)
+        if isinstance(x, PairRows):
+            x = x.value()
         if residual is None:
             return self._norm(x)
         if x_norm is not None:
@@ -55,10 +61,10 @@ class RMSNorm(nn.Module):
         x = x + residual
         return self._norm(x), x
 
-    def _pends(self, x: torch.Tensor, residual: torch.Tensor) -> bool:
-        return (x.is_cuda and x.dim() == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
-                and self.weight.dtype == x.dtype and residual.dtype == x.dtype and x.is_contiguous()
-                and residual.is_contiguous())
+    def _pends(self, x: torch.Tensor | PairRows, residual: torch.Tensor) -> bool:
+        return (x.is_cuda and len(x.shape) == 2 and x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16)
+                and self.weight.dtype == x.dtype and residual.dtype == x.dtype
+                and (isinstance(x, PairRows) or x.is_contiguous()) and residual.is_contiguous())
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -89,10 +95,12 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None, x_norm: nn.Module | None = None,
+        self, x: torch.Tensor | PairRows, residual: torch.Tensor | None = None, x_norm: nn.Module | None = None,
         pending: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """pending: ignored (no kernel takes a LayerNorm on its way)."""
+        if isinstance(x, PairRows):
+            x = x.value()
         if residual is None:
             return self._norm(x)
         if x_norm is not None:

@@ -11,6 +11,7 @@ from wick.layers.pending_combine import PendingCombine
 
 if TYPE_CHECKING:
     from wick.kernels.int8_activations import Int8Rows
+    from wick.kernels.pair_sum import PairRows
     from wick.kernels.rms_norm import RowNorm
 
 
@@ -18,9 +19,10 @@ class PendingNorm:
     """RMSNorm(x + residual) of one row (a batch-1 step's) left for the layer that reads it: a kernel of that
     layer that can apply it on its way (kernels/rms_norm.RowNorm: the float GEMV where K is small) takes it, and
     no norm kernel runs; an int8 GEMV takes `int8_rows()`, the norm kernel's row rounded by that kernel; else
-    `value()` runs one. `residual`, x + residual out of place, is written by whichever runs first."""
+    `value()` runs one. `residual`, x + residual out of place, is written by whichever runs first. x may be an MoE
+    layer's pairs unsummed (PairRows), which only the norm kernel sums: no GEMV takes the norm of those."""
 
-    def __init__(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    def __init__(self, x: torch.Tensor | PairRows, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
         self.x = x
         self.residual = torch.empty_like(residual)
         self._norm = (weight, eps, residual)
@@ -32,8 +34,8 @@ class PendingNorm:
             return None
         from wick.kernels.rms_norm import RowNorm
 
-        self._normed = torch.empty_like(self.x)
         weight, eps, residual = self._norm
+        self._normed = torch.empty_like(residual)
         return RowNorm(weight, eps, residual, self.residual, self._normed)
 
     @property

@@ -9,6 +9,7 @@ sublayer's output before the add where the family has one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ from wick.layers.pending_norm import PendingNorm, resolved
 from wick.layers.rotary import RotaryEmbedding, get_rope
 from wick.layers.vocab_embedding import VocabParallelEmbedding
 from wick.models.config import ModelConfig, MoeSpec, RopeSpec
+
+if TYPE_CHECKING:
+    from wick.kernels.pair_sum import PairRows
 
 
 @dataclass(frozen=True)
@@ -84,10 +88,11 @@ class SparseMoeBlock(nn.Module):
             setattr(self, shared_name, GatedMLP(hidden_size, spec.shared_intermediate_size, act))
         self.shared_expert_gate = RouterLinear(hidden_size, 1) if spec.shared_expert_gate else None
 
-    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor | PairRows:
+        """Without shared experts, quantized experts may leave their pairs unsummed, for the next norm to sum."""
         router_logits = self.gate(x)
         x = resolved(x)
-        out = self.experts(x, router_logits, self.gate.e_score_correction_bias)
+        out = self.experts(x, router_logits, self.gate.e_score_correction_bias, unsummed=self.shared_name is None)
         if self.shared_name is not None:
             shared = getattr(self, self.shared_name)(x)
             if self.shared_expert_gate is not None:
@@ -138,13 +143,14 @@ class DecoderLayer(nn.Module):
                 setattr(self, name, norm(cfg.hidden_size, cfg.norm_eps))
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+        self, positions: torch.Tensor, hidden_states: torch.Tensor | PairRows, residual: torch.Tensor | None,
         x_norm: nn.Module | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor | PairRows, torch.Tensor]:
         """x_norm: the previous layer's post-MLP norm, still to be applied to hidden_states. Returns (the MLP's
         output, before this layer's post-MLP norm, and the residual stream before it): the next norm applies
         the post-MLP norm and adds them, in one kernel on CUDA, or leaves them to the sublayer that reads them
-        where it takes a pending norm (layers.pending_norm)."""
+        where it takes a pending norm (layers.pending_norm). An MoE block's output may be its pairs unsummed
+        (kernels/pair_sum.PairRows), which that norm's kernel sums."""
         layout = self.layout
         pre_attn = getattr(self, layout.pre_attn)
         if residual is None:

@@ -157,3 +157,28 @@ def test_gpu_experts_are_decoded_whole_past_the_tiles_bound(monkeypatch: pytest.
     assert bool(calls) == tiles
     expected = fused_experts_ref(x, dense.w13_weight, dense.w2_weight, weights, ids)
     torch.testing.assert_close(out, expected, atol=1e-4 * expected.abs().max().item(), rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_gpu_pairs_left_unsummed_reach_the_next_norm_as_their_sum(tokens: int) -> None:
+    """The layer asked to leave its pairs unsummed (kernels/pair_sum.PairRows): the next norm, pending at one row
+    (its int8 rows for an int8 GEMV) or run at once, gives what it gives the summed output, bit for bit."""
+    from wick.kernels.pair_sum import PairRows
+    from wick.layers.norm import RMSNorm
+
+    packed, _ = _pair(T.Q4_K, T.Q4_K, "cuda", torch.bfloat16)
+    x, logits = _inputs(tokens, "cuda", torch.bfloat16)
+    norm = RMSNorm(HIDDEN).to("cuda", torch.bfloat16)
+    residual = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    pairs = packed(x, logits, unsummed=True)
+    summed = packed(x, logits)
+    assert isinstance(pairs, PairRows) and torch.equal(pairs.value(), summed)
+    expected, expected_residual = norm(summed, residual.clone(), pending=tokens == 1)
+    got, got_residual = norm(pairs, residual.clone(), pending=tokens == 1)
+    if tokens == 1:
+        for ours, theirs in zip(got.int8_rows(), expected.int8_rows(), strict=True):
+            assert torch.equal(ours, theirs)
+        got, expected = got.value(), expected.value()
+    assert torch.equal(got, expected) and torch.equal(got_residual, expected_residual)

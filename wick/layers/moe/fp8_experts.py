@@ -22,6 +22,7 @@ from wick.kernels.fp8_matmul import fp8_dequantize
 from wick.layers.quantization.fp8 import FP8_MAX, Fp8Config, quantize_rows
 
 if TYPE_CHECKING:
+    from wick.kernels.pair_sum import PairRows
     from wick.layers.moe.fused_moe import FusedMoE
 
 # (token, expert) pairs up to which the GEMVs run (each pair reads its expert's rows, k contiguous), and no more than
@@ -139,12 +140,15 @@ def _load_shard_scale(param: nn.Parameter, loaded: torch.Tensor, shard_id: tuple
 
 
 def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_weights: torch.Tensor,
-                      topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
+                      topk_ids: torch.Tensor, path: str | None = None, unsummed: bool = False
+                      ) -> torch.Tensor | PairRows:
     """fused_experts (wick/kernels/fused_moe.py) over fp8 experts, on a GPU. path (for benchmarks; None picks the
     first that runs): "gemv", the fp8 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an
-    expert; "tiles", the fused MoE kernel."""
+    expert; "tiles", the fused MoE kernel.
+    unsummed: the GEMVs' pairs are left unsummed (pair_sum.PairRows), for the norm after the layer to sum."""
     from wick.kernels.fp8_matmul import fp8_expert_gemv, runs_expert_gemv
-    from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, pair_bound
+    from wick.kernels.pair_sum import summed_unless
 
     tokens, top_k = topk_ids.shape
     gemv = runs_expert_gemv(w13.block, w13.shape[2]) and runs_expert_gemv(w2.block, w2.shape[2])
@@ -159,4 +163,4 @@ def fused_experts_fp8(x: torch.Tensor, w13: Fp8Experts, w2: Fp8Experts, topk_wei
     ids = topk_ids.flatten()
     mid = fp8_expert_gemv(x, w13.data, w13.scale, w13.block, ids, top_k, activation="silu")
     down = fp8_expert_gemv(mid, w2.data, w2.scale, w2.block, ids, 1)
-    return sum_pairs(down, top_k, topk_weights.float())
+    return summed_unless(down, topk_weights, unsummed)

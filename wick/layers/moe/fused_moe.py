@@ -33,6 +33,7 @@ from wick.layers.quantization.gptq import GPTQConfig
 from wick.layers.quantization.unquantized import dense_linear
 
 if TYPE_CHECKING:
+    from wick.kernels.pair_sum import PairRows
     from wick.models.config import MoeSpec
 
 logger = logging.getLogger(__name__)
@@ -276,8 +277,10 @@ class FusedMoE(nn.Module):
             name, packed = self.packed.popitem()
             getattr(self, f"{name}_weight").data = packed.dequantize_all()
 
-    def forward(self, x: torch.Tensor, router_logits: torch.Tensor,
-                correction_bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor, correction_bias: torch.Tensor | None = None,
+                unsummed: bool = False) -> torch.Tensor | PairRows:
+        """unsummed: quantized experts may leave their pairs unsummed (without tensor parallelism), for the norm after
+        the layer to sum (pair_sum.PairRows)."""
         spec = self.spec
         if x.shape[0] == 0:
             return torch.zeros_like(x)
@@ -294,14 +297,15 @@ class FusedMoE(nn.Module):
         quantized = self.fp8 or self.wna16
         experts = self.packed or (quantized.experts if quantized is not None else {})
         w13, w2 = (experts["w13"], experts["w2"]) if experts else (self.w13_weight, self.w2_weight)
+        unsummed = unsummed and tp_world_size() == 1
         if x.is_cuda and self.packed:
-            out = fused_experts_gguf(x, w13, w2, weights, ids)
+            out = fused_experts_gguf(x, w13, w2, weights, ids, unsummed=unsummed)
         elif x.is_cuda and self.fp8 is not None:
-            out = fused_experts_fp8(x, w13, w2, weights, ids)
+            out = fused_experts_fp8(x, w13, w2, weights, ids, unsummed=unsummed)
         elif x.is_cuda and self.wna16 is not None:
-            out = fused_experts_wna16(x, w13, w2, weights, ids)
+            out = fused_experts_wna16(x, w13, w2, weights, ids, unsummed=unsummed)
         elif x.is_cuda:
             out = fused_experts_float(x, w13, w2, weights, ids)
         else:
             out = fused_experts_ref(x, w13, w2, weights, ids)
-        return tp_all_reduce(out)
+        return out if unsummed else tp_all_reduce(out)

@@ -12,11 +12,15 @@ expert a token chose as it meets it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from gguf import GGMLQuantizationType
 
 from wick.loader.gguf_dequant import BLOCK_TYPES, dequantize
+
+if TYPE_CHECKING:
+    from wick.kernels.pair_sum import PairRows
 
 # (token, expert) pairs up to which the GEMVs run (each pair reads its expert), and no more than
 # EXPERT_GEMV_PAIRS_PER_EXPERT times the experts; past them the tile kernel reads each expert once a tile of its
@@ -69,15 +73,18 @@ class PackedExperts:
 
 
 def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, topk_weights: torch.Tensor,
-                       topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
+                       topk_ids: torch.Tensor, path: str | None = None, unsummed: bool = False
+                       ) -> torch.Tensor | PairRows:
     """fused_experts (wick/kernels/fused_moe.py) over packed experts, on a GPU. path (for benchmarks; None picks
     the first that runs): "gemv", the GEMVs, up to the bound above; "tiles", the tile kernel over the pairs
-    sorted by expert, up to EXPERT_TILES_MAX_PAIRS; "decoded", the experts decoded whole."""
+    sorted by expert, up to EXPERT_TILES_MAX_PAIRS; "decoded", the experts decoded whole. unsummed: the pairs of the
+    first two are left unsummed (pair_sum.PairRows), for the norm after the layer to sum."""
     from wick.kernels.activation import act_and_mul_q8, silu_and_mul
-    from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, pair_bound
     from wick.kernels.gguf_matmul import gguf_expert_gemv, runs_expert_gemv, runs_expert_int8_gemv
     from wick.kernels.gguf_tiles import expert_tile_config, gguf_expert_matmul, runs_expert_tiles
     from wick.kernels.moe_align import moe_align
+    from wick.kernels.pair_sum import summed_unless
 
     tokens, top_k = topk_ids.shape
     num_pairs = tokens * top_k
@@ -102,4 +109,4 @@ def fused_experts_gguf(x: torch.Tensor, w13: PackedExperts, w2: PackedExperts, t
         layout = moe_align(topk_ids, w13.shape[0], config[0])
         gate_up = gguf_expert_matmul(x, w13.data, w13.qtype, w13.columns, *layout, config, num_pairs, top_k)
         down = gguf_expert_matmul(silu_and_mul(gate_up), w2.data, w2.qtype, w2.columns, *layout, config, num_pairs, 1)
-    return sum_pairs(down, top_k, topk_weights.float())
+    return summed_unless(down, topk_weights, unsummed)

@@ -25,6 +25,7 @@ from wick.layers.quantization.gptq import GPTQConfig, fill_dummy_wna16, splat, u
 
 if TYPE_CHECKING:
     from wick.kernels.fused_moe import GroupScales
+    from wick.kernels.pair_sum import PairRows
     from wick.layers.moe.fused_moe import FusedMoE
 
 # (token, expert) pairs up to which the GEMVs run (each pair reads its expert), and no more than
@@ -195,12 +196,15 @@ class Wna16ExpertWeights:
 
 
 def fused_experts_wna16(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, topk_weights: torch.Tensor,
-                        topk_ids: torch.Tensor, path: str | None = None) -> torch.Tensor:
+                        topk_ids: torch.Tensor, path: str | None = None, unsummed: bool = False
+                        ) -> torch.Tensor | PairRows:
     """fused_experts (wick/kernels/fused_moe.py) over GPTQ/AWQ experts, on a GPU. path (for benchmarks; None picks):
     "gemv", the W4A16 / W8A16 GEMVs, up to EXPERT_GEMV_MAX_PAIRS pairs and EXPERT_GEMV_PAIRS_PER_EXPERT an expert;
-    "tiles", the fused MoE kernel."""
+    "tiles", the fused MoE kernel.
+    unsummed: the GEMVs' pairs are left unsummed (pair_sum.PairRows), for the norm after the layer to sum."""
     from wick.kernels.activation import act_and_mul_q8, silu_and_mul
-    from wick.kernels.fused_moe import fused_experts, pair_bound, sum_pairs
+    from wick.kernels.fused_moe import fused_experts, pair_bound
+    from wick.kernels.pair_sum import summed_unless
     from wick.kernels.wna16_matmul import expert_takes_int8_rows, wna16_expert_gemv
 
     tokens, top_k = topk_ids.shape
@@ -216,4 +220,4 @@ def fused_experts_wna16(x: torch.Tensor, w13: Wna16Experts, w2: Wna16Experts, to
     int8 = expert_takes_int8_rows(w2.bits, w2.group, gate_up.shape[-1] // 2)
     act = act_and_mul_q8(gate_up, "silu", interleave=True) if int8 else silu_and_mul(gate_up)
     down = wna16_expert_gemv(act, w2.qweight, w2.scales, w2.zeros, w2.bits, w2.group, ids, 1, dtype=x.dtype)
-    return sum_pairs(down, top_k, topk_weights.float())
+    return summed_unless(down, topk_weights, unsummed)

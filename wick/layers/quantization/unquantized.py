@@ -27,7 +27,7 @@ def _gemv_input(x: torch.Tensor | PendingNorm, weight: torch.Tensor) -> tuple[to
     it (dense_gemv.takes_norm), else none."""
     if not isinstance(x, PendingNorm):
         return x, None
-    if runs_dense_gemv(x.x, weight):
+    if isinstance(x.x, torch.Tensor) and runs_dense_gemv(x.x, weight):
         from wick.kernels.dense_gemv import takes_norm
 
         norm = x.take() if takes_norm(*weight.shape) else None
