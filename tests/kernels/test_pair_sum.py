@@ -27,10 +27,14 @@ def test_sum_pairs(weighted: bool) -> None:
     torch.testing.assert_close(sum_pairs(partial, 3, weights if weighted else None), expected)
 
 
-def test_pair_rows_value_is_sum_pairs() -> None:
+def test_pair_rows_value_adds_the_rounded_products_in_order() -> None:
+    """Each pair's row times its weight rounded to float32, added to the sum in order, the sum rounded once."""
     rows = pairs(3, 8, 64, torch.float16, 5)
     assert rows.shape == (3, 64) and rows.dtype == torch.float16
-    assert torch.equal(rows.value(), sum_pairs(rows.rows, 8, rows.weights))
+    expected = torch.zeros(3, 64, device=DEVICE)
+    for j in range(8):
+        expected += rows.rows.view(3, 8, 64)[:, j].float() * rows.weights[:, j:j + 1]
+    assert torch.equal(rows.value(), expected.half())
 
 
 @pytest.mark.parametrize(("tokens", "top_k", "hidden"), [(1, 8, 256), (3, 3, 96), (5, 2, 2048)])

@@ -134,11 +134,12 @@ def _paged_attention_kernel(
     position, the request's last, and the program whose keys hold that position writes the rotated k and v into the
     cache, then reads them back with the rest, as rotary.py's kernel would have written them.
 
-    Before its PDL wait a program reads only what no kernel of the step writes (query_start_loc, seq_lens, the block
-    table, order, slot_mapping: the host's copies, and decode_inputs.py's, which launches without PDL), so it finds
-    its keys, and a split without any ends, while the kernel before it runs; where PREFETCH (decode steps) it then
-    asks L2 for its first key tile's keys and values and its position's cos/sin, which no kernel of the step writes
-    either but for the new key's row, which this kernel writes after the wait."""
+    Before its PDL wait a program reads only what no kernel that may still run writes (query_start_loc, seq_lens,
+    the block table, order, slot_mapping: the host's copies, and decode_inputs.py's, which never lets its successor
+    launch early, so every kernel after it starts once it has ended), so it finds its keys, and a split without any
+    ends there (split 0 always has keys, and waits), while the kernel before it runs; where PREFETCH (decode steps) it
+    then asks L2 for its first key tile's keys and values and its position's cos/sin, which only this kernel writes,
+    after the wait (the new key's row)."""
     pid = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)

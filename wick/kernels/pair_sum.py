@@ -43,16 +43,18 @@ class PairRows(NamedTuple):
 
 
 @triton.jit
-def pair_sum(rows_ptr, weights_ptr, tokens, cols, mask, N, TOP_K: tl.constexpr, WEIGHTED: tl.constexpr):
-    """For tokens [R] and columns cols [C] (mask [R, C]): the sum over j of rows[t * TOP_K + j, cols], times
-    weights[t * TOP_K + j] where WEIGHTED, in float32, j in order. Its kernels are compiled without fp contraction, so
-    each product is rounded before it is added wherever it runs."""
+def pair_sum(rows_ptr, weights_ptr, tokens, token_mask, cols, col_mask, N, TOP_K: tl.constexpr,
+             WEIGHTED: tl.constexpr):
+    """For tokens [R] (token_mask [R]) and columns cols [C] (col_mask [C]): the sum over j of rows[t * TOP_K + j, cols],
+    times weights[t * TOP_K + j] where WEIGHTED, in float32, j in order. Its kernels are compiled without fp
+    contraction, so each product is rounded before it is added wherever it runs."""
+    mask = token_mask[:, None] & col_mask[None, :]
     total = tl.zeros(mask.shape, dtype=tl.float32)
     for j in tl.static_range(TOP_K):
         pair = tokens.to(tl.int64) * TOP_K + j
         row = tl.load(rows_ptr + pair[:, None] * N + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         if WEIGHTED:
-            row *= tl.load(weights_ptr + pair)[:, None]
+            row *= tl.load(weights_ptr + pair, mask=token_mask, other=0.0)[:, None]
         total += row
     return total
 
@@ -62,9 +64,9 @@ def _sum_pairs_kernel(partial_ptr, weights_ptr, out_ptr, N, TOP_K: tl.constexpr,
                       WEIGHTED: tl.constexpr):
     token = tl.program_id(0) + tl.zeros([1], dtype=tl.int64)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask = (cols < N)[None, :]
-    total = pair_sum(partial_ptr, weights_ptr, token, cols, mask, N, TOP_K, WEIGHTED)
-    tl.store(out_ptr + token[:, None] * N + cols[None, :], total.to(out_ptr.dtype.element_ty), mask=mask)
+    total = pair_sum(partial_ptr, weights_ptr, token, token >= 0, cols, cols < N, N, TOP_K, WEIGHTED)
+    tl.store(out_ptr + token[:, None] * N + cols[None, :], total.to(out_ptr.dtype.element_ty),
+             mask=(cols < N)[None, :])
 
 
 def sum_pairs(partial: torch.Tensor, top_k: int, weights: torch.Tensor | None = None) -> torch.Tensor:

@@ -69,7 +69,8 @@ def _rms_norm_kernel(
     mask = (rows < num_rows)[:, None] & (cols < D)[None, :]
     token, head = rows // heads, rows % heads
     if TOP_K > 0:
-        x = pair_sum(x_ptr, pair_weights_ptr, rows, cols, mask, D, TOP_K, True).to(x_ptr.dtype.element_ty)
+        x = pair_sum(x_ptr, pair_weights_ptr, rows, rows < num_rows, cols, cols < D, D, TOP_K, True)
+        x = x.to(x_ptr.dtype.element_ty)
     else:
         x_offsets = (token * stride_xt + head * stride_xh)[:, None] + cols[None, :] * stride_xd
         x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0)
