@@ -37,7 +37,7 @@ GROUP = 128
 COLD_BYTES = 400 << 20
 SWEEPS = {
     "q4_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),
-    "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 32])),
+    "gptq": list(itertools.product([16, 32, 64], [128, 256], [2, 4], [0, 16, 24, 32])),
     "fp8": list(itertools.product([2, 4, 8, 16], [512, 1024, 2048, 4096], [2, 4, 8])),
     "fp8_block": list(itertools.product([2, 4, 8, 16], [128, 512, 1024, 2048, 4096], [2, 4, 8])),
     "q5_k": list(itertools.product([4, 8, 16], [2, 4], [1, 2, 4], [0, 16, 32, 64])),

@@ -193,6 +193,24 @@ def _wna16_gemv_kernel(
 
 
 @triton.jit
+def _w4a8_weights(qweight_ptr, scales_ptr, zeros_ptr, k0, k_end, word_rows, cols, n_mask, N, GROUP,
+                  TO_END: tl.constexpr):
+    """The step from input row k0's [words, columns] tile of W and its group's scales and zero points; where TO_END,
+    nothing where k0 is at k_end."""
+    w_rows = k0 // 8 + word_rows
+    w_mask = n_mask[None, :]
+    group_mask = n_mask
+    if TO_END:
+        w_mask &= (w_rows < k_end // 8)[:, None]
+        group_mask &= tl.zeros_like(cols) + k0 < k_end
+    words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :], mask=w_mask, other=0)
+    offsets = (k0 // GROUP) * N + cols
+    scale = tl.load(scales_ptr + offsets, mask=group_mask, other=0.0)
+    zero = tl.load(zeros_ptr + offsets, mask=group_mask, other=0.0)
+    return words, scale, zero
+
+
+@triton.jit
 def _w4a8_gemv_kernel(
     xq_ptr, xd_ptr, xs_ptr, qweight_ptr, scales_ptr, zeros_ptr, out_ptr, work_ptr, counts_ptr, experts_ptr, M, N, K,
     GROUP, SPLIT_STEPS, SPLITS, stride_om, stride_qe, stride_se,
@@ -202,7 +220,8 @@ def _w4a8_gemv_kernel(
     """One row of x, rounded to int8 and interleaved by quantize_q8, against BLOCK_N columns of 4-bit W whose
     groups are contiguous and hold whole steps (GROUP a multiple of BLOCK_K). A word's low nibbles (its even
     input rows) meet x's four even codes in one dp4a, its high nibbles the odd ones in another; a word's
-    integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Where SPLIT,
+    integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Each step
+    issues the next step's loads of W before it sums its own, so two steps' weights are in flight. Where SPLIT,
     program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py). Output row m reads row
     m // X_ROW_DIV of x; EXPERTS: W, its scales and zero points those of expert experts[m] of stacked ones."""
     pdl_prologue(PDL)
@@ -221,27 +240,31 @@ def _w4a8_gemv_kernel(
     acc = tl.zeros([WORDS, BLOCK_N], dtype=tl.float32)
     acc_zero = tl.zeros([BLOCK_N], dtype=tl.float32)
     k_begin = tl.program_id(2) * SPLIT_STEPS * BLOCK_K
-    for k0 in range(k_begin, tl.minimum(K, k_begin + SPLIT_STEPS * BLOCK_K), BLOCK_K):
+    k_end = tl.minimum(K, k_begin + SPLIT_STEPS * BLOCK_K)
+    words, scale, zero = _w4a8_weights(qweight_ptr, scales_ptr, zeros_ptr, k_begin, k_end, word_rows, cols, n_mask,
+                                       N, GROUP, False)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        next_words, next_scale, next_zero = _w4a8_weights(qweight_ptr, scales_ptr, zeros_ptr, k0 + BLOCK_K, k_end,
+                                                          word_rows, cols, n_mask, N, GROUP, True)
         w_rows = k0 // 8 + word_rows
-        words = tl.load(qweight_ptr + w_rows.to(tl.int64)[:, None] * N + cols[None, :], mask=n_mask[None, :],
-                        other=0)
         x_even = tl.load(x_words + 2 * w_rows)[:, None]
         x_odd = tl.load(x_words + 2 * w_rows + 1)[:, None]
         dot = dp4a(words & 0x0F0F0F0F, x_even, DP4A) + dp4a((words >> 4) & 0x0F0F0F0F, x_odd, DP4A)
         x_scale = tl.load(xd_ptr + runs + w_rows // 4)[:, None]
-        offsets = (k0 // GROUP) * N + cols
-        scale = tl.load(scales_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
-        zero = tl.load(zeros_ptr + offsets, mask=n_mask, other=0.0).to(tl.float32)
+        scale = scale.to(tl.float32)
         acc += scale[None, :] * (dot.to(tl.float32) * x_scale)
-        acc_zero += scale * zero * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
+        acc_zero += scale * zero.to(tl.float32) * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
+        words, scale, zero = next_words, next_scale, next_zero
     store_split_output(tl.sum(acc, axis=0) - acc_zero, m, cols, n_mask, out_ptr, stride_om,
                        work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
 
 
 GEMV_MAX_ROWS = 8
 # Columns per program, input rows per step, warps, and the warps an SM that splitting K of the int8 form aims
-# at, of the contiguous-group GEMV (benchmarks/kernels/bench_quant_gemv.py).
-WNA16_GEMV_CONFIG = (32, 128, 2, 32)
+# at, of the contiguous-group GEMV. With two steps' loads in flight, 24 warps an SM took Llama-3.1-8B's layers in
+# 61.2 us against 65.4 at 32 (and 63.8 for one step in flight at 32), Qwen3-30B-A3B's experts' in 20.9 against 20.8
+# (22.3) on an H200 (docs/benchmarks.md, session 39).
+WNA16_GEMV_CONFIG = (32, 128, 2, 24)
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages) of the tile kernel by the most rows they serve; past the last, the last.
@@ -333,8 +356,9 @@ def wna16_int8_rows_matmul(x: Int8Rows, qweight: torch.Tensor, scales: torch.Ten
     return out
 
 
-# (columns, input rows a step, warps, warps an SM that splitting K aims at) of the expert GEMV.
-EXPERT_GEMV_CONFIG = (32, 128, 2, 32)
+# (columns, input rows a step, warps, warps an SM that splitting K aims at) of the expert GEMV (WNA16_GEMV_CONFIG's
+# measurement).
+EXPERT_GEMV_CONFIG = (32, 128, 2, 24)
 
 
 def expert_takes_int8_rows(bits: int, group: int, k: int) -> bool:
