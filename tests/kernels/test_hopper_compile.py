@@ -1,9 +1,9 @@
-"""The gated GEMVs, three int8 GEMVs (one reading W by TMA), the split paged attention (also rotating q and k, and
-taking its requests in an order) and its combine, RMSNorm (also summing an MoE layer's pairs), the sampler's draw,
-the fused MoE GEMM (also with B's tiles by TMA), the decode graphs' first kernel and moe_align's kernels compiled
-for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of running
-them) does not check, such as the shapes a compiled kernel must keep and where it waits for the kernel before it.
-The compiler runs in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
+"""The gated GEMVs, four int8 GEMVs (one reading W by TMA, one GPTQ's), the split paged attention (also rotating q and
+k, and taking its requests in an order) and its combine, RMSNorm (also summing an MoE layer's pairs), the sampler's
+draw, the fused MoE GEMM (also with B's tiles by TMA), the decode graphs' first kernel and moe_align's kernels
+compiled for an H100 (sm_90) by Triton's own compiler, on any machine: what the interpreter (the CPU tests' way of
+running them) does not check, such as the shapes a compiled kernel must keep and where it waits for the kernel
+before it. The compiler runs in a child process, since this folder's kernels are imported interpreted (conftest.py)."""
 
 from __future__ import annotations
 
@@ -82,6 +82,11 @@ VARIANTS = {
         {"BLOCK_N": 8, "BLOCK_B": 4, "SPLIT": True, "DP4A": True, "EXPERTS": experts, "X_ROW_DIV": 1, "STAGES": 3,
          "PDL": 1})
        for experts in (False, True)},
+    "int8 gemv gptq": (
+        "wick.kernels.wna16_matmul:_w4a8_gemv_kernel",
+        {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "qweight_ptr": "*i32", "scales_ptr": "*bf16",
+         "zeros_ptr": "*bf16", "out_ptr": "*bf16", "work_ptr": "*fp32", "counts_ptr": "*i32", "experts_ptr": "*i64"},
+        {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT": True, "DP4A": True, "X_ROW_DIV": 1, "EXPERTS": False, "PDL": 1}),
     "decode inputs, rows ranked": (
         "wick.kernels.decode_inputs:_decode_inputs_kernel",
         {"ids_ptr": "*i64", "previous_rows_ptr": "*i64", "samples_ptr": "*i64", "table_shape_ptr": "*i32",
