@@ -47,7 +47,7 @@ VARIANTS = {
        for rope, cache, decode in ((False, "bf16", False), (False, "bf16", True), (True, "bf16", True),
                                    (True, "fp8e4nv", True))},
     **{f"split attention's combine, decode {decode}{', int8' if rounds else ''}": (
-        "wick.kernels.paged_attention:_combine_splits_kernel",
+        "wick.kernels.split_combine:_combine_splits_kernel",
         {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
          "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
         {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "QUANTIZE": rounds, "INTERLEAVE": rounds,

@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from wick.kernels import paged_attention as paged_attention_module
-from wick.kernels.int8_activations import quantize_q8
 from wick.kernels.kv_cache_write import KVCacheTarget
-from wick.kernels.paged_attention import SplitPartials, choose_num_splits, combine_splits, paged_attention
+from wick.kernels.paged_attention import choose_num_splits, paged_attention
 from wick.kernels.paged_attention_ref import paged_attention_ref
 from wick.kernels.rotary import rotary_embedding
 from wick.layers.rotary import RopeInputs, get_rope
@@ -288,36 +287,10 @@ def test_rotating_needs_a_decode_step_and_the_new_keys() -> None:
         paged_attention(*batch, 0.25, 1, max(MIXED[0]), rope=rope)
 
 
-@pytest.mark.parametrize("interleave", [False, True])
-@pytest.mark.parametrize("head_dim", [32, 64, 128])
-def test_combine_rounds_a_decode_row_for_an_int8_gemv(head_dim: int, interleave: bool) -> None:
-    """A split decode step left uncombined: the combine rounding each token's row of heads to int8 gives the codes,
-    scales and sums that quantize_q8 gives from the combined rows, and leaves out unwritten."""
-    seq_lens = [40, 17, 33]
-    batch = make_batch(seq_lens, [1] * 3, 4, 2, head_dim, 4, torch.bfloat16)
-    args = (*batch, head_dim**-0.5, 1, max(seq_lens))
-    expected = paged_attention(*args, num_splits=3)
-    partials = paged_attention(*args, num_splits=3, defer_combine=True)
-    assert isinstance(partials, SplitPartials)
-    partials.out.fill_(7.0)
-    rows = combine_splits(partials, int8_rows=True, interleave=interleave)
-    assert torch.equal(partials.out, torch.full_like(partials.out, 7.0))
-    for got, want in zip(rows, quantize_q8(expected.view(3, -1), interleave), strict=True):
-        assert torch.equal(got, want)
-    assert torch.equal(combine_splits(partials), expected)
-
-
 def test_defer_combine_without_splits_is_the_output() -> None:
     batch = make_batch(*DECODE, 4, 2, 32, 4, torch.float32)
     out = paged_attention(*batch, 32**-0.5, 1, max(DECODE[0]), num_splits=1, defer_combine=True)
     assert torch.equal(out, paged_attention(*batch, 32**-0.5, 1, max(DECODE[0]), num_splits=1))
-
-
-def test_only_a_decode_step_is_rounded_as_combined() -> None:
-    batch = make_batch(*MIXED, 4, 2, 32, 4, torch.float32)
-    partials = paged_attention(*batch, 32**-0.5, max(MIXED[1]), max(MIXED[0]), num_splits=2, defer_combine=True)
-    with pytest.raises(ValueError, match="decode step"):
-        combine_splits(partials, int8_rows=True)
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -143,7 +143,8 @@ def test_int8_gemvs_take_the_combines_row(quantization: str, monkeypatch: pytest
     import wick.kernels.gguf_int8_gemv as int8_gemv_kernels
     import wick.kernels.int8_activations as int8_activations
     import wick.kernels.wna16_matmul as wna16_kernels
-    from wick.kernels.paged_attention import SplitPartials, paged_attention
+    from wick.kernels.paged_attention import paged_attention
+    from wick.kernels.split_combine import SplitPartials
 
     o_proj = _layer(quantization).self_attn.o_proj
     torch.manual_seed(0)

@@ -6,7 +6,7 @@ tile read through the block table serves every query head of the group. A reques
 last query_len context positions (causal). Softmax is online, in fp32, in base 2.
 
 Split-KV: with num_splits > 1 each program covers one slice of its tile's keys and writes an
-unnormalised partial result with its running max and sum; _combine_splits_kernel merges them. The split count
+unnormalised partial result with its running max and sum; split_combine.py merges them. The split count
 is fixed by max_seq_len (a CUDA graph's bound); the splits past a shorter context's keys end at once, and the
 combine reads only the splits that had keys.
 
@@ -18,16 +18,16 @@ in a CUDA graph as long as those stay fixed between capture and replay (see page
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from wick.kernels.int8_activations import Int8Rows, int8_rows_like, store_runs
 from wick.kernels.kv_cache_write import FP8_DTYPES, to_cache_values
 from wick.kernels.pdl import pdl_options, pdl_prologue, uses_pdl
 from wick.kernels.rotary import rotated_rows
+from wick.kernels.split_combine import SplitPartials, combine_splits
 
 if TYPE_CHECKING:
     from wick.layers.rotary import RopeInputs
@@ -254,42 +254,6 @@ def _paged_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=row_valid[:, None])
 
 
-@triton.jit(do_not_specialize=["num_reqs", "num_splits"])
-def _combine_splits_kernel(
-    out_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, part_used_ptr, query_start_loc_ptr, num_reqs, num_splits,
-    stride_ot, stride_oh, q_ptr, d_ptr, s_ptr,
-    HEAD_DIM: tl.constexpr, SPLITS_PAD: tl.constexpr, DECODE: tl.constexpr, QUANTIZE: tl.constexpr,
-    INTERLEAVE: tl.constexpr, PDL: tl.constexpr,
-):
-    """Where QUANTIZE (a decode step) each token's row of heads is rounded to int8 instead of stored, as
-    int8_activations.quantize_q8 rounds it (store_runs; HEAD_DIM a multiple of 32)."""
-    pdl_prologue(PDL)
-    token = tl.program_id(0)
-    head = tl.program_id(1)
-    if not DECODE:  # a decode step's rows are all requests'
-        if token >= tl.load(query_start_loc_ptr + num_reqs):
-            return
-    splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, HEAD_DIM)
-    row = token.to(tl.int64) * tl.num_programs(1) + head
-    valid = splits < tl.load(part_used_ptr + row)
-    part = row * num_splits + splits
-    m = tl.load(part_m_ptr + part, mask=valid, other=float("-inf"))
-    l_part = tl.load(part_l_ptr + part, mask=valid, other=0.0)
-    acc = tl.load(part_acc_ptr + part[:, None] * HEAD_DIM + dims[None, :], mask=valid[:, None], other=0.0)
-    weight = tl.exp2(m - tl.max(m, 0))
-    total = tl.sum(weight * l_part, 0)
-    out = (tl.sum(acc * weight[:, None], 0) / tl.where(total > 0, total, 1.0)).to(out_ptr.dtype.element_ty)
-    if QUANTIZE:
-        width = tl.num_programs(1) * HEAD_DIM
-        runs = head * (HEAD_DIM // 32) + tl.arange(0, HEAD_DIM // 32)
-        store_runs(tl.reshape(out.to(tl.float32), [HEAD_DIM // 32, 32]), q_ptr + token.to(tl.int64) * width,
-                   d_ptr + token.to(tl.int64) * (width // 32), s_ptr + token.to(tl.int64) * (width // 32), runs, width,
-                   INTERLEAVE)
-    else:
-        tl.store(out_ptr + token * stride_ot + head * stride_oh + dims, out)
-
-
 @functools.cache
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
@@ -420,42 +384,6 @@ def paged_attention(
         return out
     partials = SplitPartials(out, part_acc, part_m, part_l, part_used, query_start_loc, num_reqs, decode)
     return partials if defer_combine else combine_splits(partials)
-
-
-class SplitPartials(NamedTuple):
-    """A split attention's partial results, to merge into `out` (combine_splits)."""
-
-    out: torch.Tensor
-    acc: torch.Tensor  # each split's unnormalised sums, [T, H, splits, D]
-    maxes: torch.Tensor  # their running maxima and sums, [T, H, splits]
-    sums: torch.Tensor
-    used: torch.Tensor  # the splits that had keys, [T, H]
-    query_start_loc: torch.Tensor
-    num_reqs: int
-    decode: bool
-
-
-def combine_splits(partials: SplitPartials, int8_rows: bool = False, interleave: bool = False
-                   ) -> torch.Tensor | Int8Rows:
-    """The splits merged into partials.out, which is returned; with int8_rows (a decode step, the heads a multiple of
-    32 wide) each token's row of heads rounded to int8 instead, as int8_activations.quantize_q8(out rows,
-    interleave) would round it, returned as Int8Rows, and out not written. The int8 GEMV after this kernel then
-    launches once it has ended (pdl.py)."""
-    out = partials.out
-    num_tokens, num_heads, head_dim = out.shape
-    num_splits = partials.acc.shape[2]
-    quantized = None
-    if int8_rows:
-        if not partials.decode or head_dim % 32:
-            raise ValueError("only a decode step's heads, a multiple of 32 wide, are rounded as they are combined")
-        quantized = int8_rows_like(out.view(num_tokens, num_heads * head_dim))
-    _combine_splits_kernel[(num_tokens, num_heads)](
-        out, partials.acc, partials.maxes, partials.sums, partials.used, partials.query_start_loc, partials.num_reqs,
-        num_splits, out.stride(0), out.stride(1), *(quantized or (out, out, out)),
-        HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), DECODE=partials.decode,
-        QUANTIZE=quantized is not None, INTERLEAVE=interleave, **pdl_options(out, wait_only=quantized is not None),
-    )
-    return out if quantized is None else quantized
 
 
 def _rope_args(rope: RopeInputs | None, new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,

@@ -9,7 +9,7 @@ import torch
 
 if TYPE_CHECKING:
     from wick.kernels.int8_activations import Int8Rows
-    from wick.kernels.paged_attention import SplitPartials
+    from wick.kernels.split_combine import SplitPartials
 
 
 class PendingCombine:
@@ -31,14 +31,14 @@ class PendingCombine:
 
     def int8_rows(self, interleave: bool = False) -> Int8Rows:
         """The row rounded to int8 (kernels/int8_activations.quantize_q8(value(), interleave)'s) by the combine."""
-        from wick.kernels.paged_attention import combine_splits
+        from wick.kernels.split_combine import combine_splits
 
         return combine_splits(self.partials, int8_rows=True, interleave=interleave)
 
     def value(self) -> torch.Tensor:
         """The combined row, [1, H * D]."""
         if self._value is None:
-            from wick.kernels.paged_attention import combine_splits
+            from wick.kernels.split_combine import combine_splits
 
             self._value = combine_splits(self.partials).view(-1, self.columns)
         return self._value

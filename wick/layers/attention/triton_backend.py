@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from wick.kernels.kv_cache_write import kv_cache_write
-from wick.kernels.paged_attention import LARGE_DECODE, SplitPartials, combine_splits, paged_attention
+from wick.kernels.paged_attention import LARGE_DECODE, paged_attention
+from wick.kernels.split_combine import SplitPartials, combine_splits
 from wick.layers.attention.backend import AttentionBackend
 from wick.layers.attention.metadata import AttentionMetadata
 from wick.layers.pending_combine import PendingCombine
