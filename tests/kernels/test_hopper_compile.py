@@ -82,11 +82,13 @@ VARIANTS = {
         {"BLOCK_N": 8, "BLOCK_B": 4, "SPLIT": True, "DP4A": True, "EXPERTS": experts, "X_ROW_DIV": 1, "STAGES": 3,
          "PDL": 1})
        for experts in (False, True)},
-    "int8 gemv gptq": (
+    **{f"int8 gemv gptq{', experts' if experts else ''}": (
         "wick.kernels.wna16_matmul:_w4a8_gemv_kernel",
         {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "qweight_ptr": "*i32", "scales_ptr": "*bf16",
          "zeros_ptr": "*bf16", "out_ptr": "*bf16", "work_ptr": "*fp32", "counts_ptr": "*i32", "experts_ptr": "*i64"},
-        {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT": True, "DP4A": True, "X_ROW_DIV": 1, "EXPERTS": False, "PDL": 1}),
+        {"BLOCK_N": 32, "BLOCK_K": 128, "SPLIT": True, "DP4A": True, "X_ROW_DIV": 8 if experts else 1,
+         "EXPERTS": experts, "PDL": 1})
+       for experts in (False, True)},
     "decode inputs, rows ranked": (
         "wick.kernels.decode_inputs:_decode_inputs_kernel",
         {"ids_ptr": "*i64", "previous_rows_ptr": "*i64", "samples_ptr": "*i64", "table_shape_ptr": "*i32",

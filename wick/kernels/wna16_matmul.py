@@ -251,9 +251,9 @@ def _w4a8_gemv_kernel(
         x_odd = tl.load(x_words + 2 * w_rows + 1)[:, None]
         dot = dp4a(words & 0x0F0F0F0F, x_even, DP4A) + dp4a((words >> 4) & 0x0F0F0F0F, x_odd, DP4A)
         x_scale = tl.load(xd_ptr + runs + w_rows // 4)[:, None]
-        scale = scale.to(tl.float32)
-        acc += scale[None, :] * (dot.to(tl.float32) * x_scale)
-        acc_zero += scale * zero.to(tl.float32) * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
+        group_scale = scale.to(tl.float32)
+        acc += group_scale[None, :] * (dot.to(tl.float32) * x_scale)
+        acc_zero += group_scale * zero.to(tl.float32) * tl.sum(tl.load(xs_ptr + runs + k0 // 32 + step_runs))
         words, scale, zero = next_words, next_scale, next_zero
     store_split_output(tl.sum(acc, axis=0) - acc_zero, m, cols, n_mask, out_ptr, stride_om,
                        work_ptr, counts_ptr, M, N, SPLITS, SPLIT)
