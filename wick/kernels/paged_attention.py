@@ -215,9 +215,6 @@ def _paged_attention_kernel(
     if ROPE:
         q = rotated_rows(q_rows, dims, row_valid[:, None], pos[:, None], cos_sin_ptr, stride_cos_sin, q_norm_ptr,
                          norm_eps, HEAD_DIM, QK_NORM)
-    else:
-        q = tl.load(q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
-    if ROPE:
         if (slot >= 0) & (lo <= context) & (context < hi):  # the new token (position `context`) is this split's
             new_k = rotated_rows(new_k_ptr + q_start.to(tl.int64) * stride_nkt + kv_head * stride_nkh, dims, True,
                                  context + tl.zeros([1, 1], dtype=tl.int32), cos_sin_ptr, stride_cos_sin, k_norm_ptr,
@@ -226,6 +223,8 @@ def _paged_attention_kernel(
             new_v = tl.load(new_v_ptr + q_start.to(tl.int64) * stride_nvt + kv_head * stride_nvh + dims)
             tl.store(v_ptr + slot * stride_vs + dims, to_cache_values(new_v, v_ptr, v_inv_scale, FP8_CACHE))
         tl.debug_barrier()  # the stores are seen by the program's own loads of the page
+    else:
+        q = tl.load(q_rows + dims[None, :], mask=row_valid[:, None], other=0.0)
     m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
