@@ -13,6 +13,7 @@ from wick.kernels.wna16_matmul import (
     unpack_rows,
     wna16_dequantize,
     wna16_dequantize_triton,
+    wna16_expert_gemv,
     wna16_int8_rows_matmul,
     wna16_matmul,
 )
@@ -21,8 +22,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 
 
-def _weights(bits: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    g = torch.Generator().manual_seed(bits + k)
+def _weights(bits: int, k: int, n: int, group: int, shuffled: bool, dtype: torch.dtype,
+             seed: int = 0) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(bits + k + 1000 * seed)
     q = torch.randint(0, 1 << bits, (k, n), generator=g)
     groups = -(-k // group)
     g_idx = torch.arange(k) // group
@@ -75,6 +77,22 @@ def test_contiguous_group_gemv(bits: int, config: tuple[int, int, int, int] | No
 @pytest.mark.parametrize("split_k", [2, 3, 100], ids=["even", "uneven", "one_step_each"])
 def test_int8_gemv_split_k(split_k: int) -> None:
     _check(4, 2, 320, 40, 32, False, torch.float32, gemv_config=(16, 32, 2, 0), split_k=split_k)
+    assert not arrival_counts(torch.device(DEVICE)).any(), "a split GEMV leaves every tile's arrival count at 0"
+
+
+@pytest.mark.parametrize("split_k", [1, 3, 100], ids=["whole", "uneven", "one_step_each"])
+def test_int8_expert_gemv_split_k(split_k: int) -> None:
+    """Experts [E, K / 8, N], a (token, expert) pair a row with its expert picked in the kernel and K split among
+    programs: each pair's token, as the kernel rounds it, against its expert's dequantized W."""
+    k, n, group = 320, 40, 32
+    experts = [_weights(4, k, n, group, False, torch.float32, seed=e) for e in range(3)]
+    qweight, scales, zeros = (torch.stack([expert[i] for expert in experts]) for i in range(3))
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    ids = torch.tensor([2, 0, 1, 2], device=DEVICE)
+    out = wna16_expert_gemv(x, qweight, scales, zeros, 4, group, ids, 2, gemv_config=(16, 32, 2, 0), split_k=split_k)
+    expected = torch.cat([quantize_q8_ref(x[pair // 2:pair // 2 + 1]) @ wna16_dequantize(*experts[expert], 4)
+                          for pair, expert in enumerate(ids.tolist())])
+    torch.testing.assert_close(out, expected, atol=TOLERANCE[torch.float32] * expected.abs().max().item(), rtol=0)
     assert not arrival_counts(torch.device(DEVICE)).any(), "a split GEMV leaves every tile's arrival count at 0"
 
 

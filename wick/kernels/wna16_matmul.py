@@ -369,15 +369,16 @@ def expert_takes_int8_rows(bits: int, group: int, k: int) -> bool:
 def wna16_expert_gemv(x: torch.Tensor | Int8Rows, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
                       bits: int, group: int, experts: torch.Tensor, x_row_div: int,
                       gemv_config: tuple[int, int, int, int] | None = None,
-                      dtype: torch.dtype | None = None) -> torch.Tensor:
+                      dtype: torch.dtype | None = None, split_k: int | None = None) -> torch.Tensor:
     """out [P, N]: row p = x[p // x_row_div] @ W_{experts[p]} for experts `qweight` [E, K / (32 / bits), N] with
     contiguous groups of `group` rows (a multiple of 32 / bits), scales and zeros [E, ceil(K / group), N]. x may
-    come rounded to int8 (quantize_q8's, interleaved) where expert_takes_int8_rows, with `dtype` the output's."""
+    come rounded to int8 (quantize_q8's, interleaved) where expert_takes_int8_rows, with `dtype` the output's.
+    split_k: the splits of K of the int8 form, for tests; None picks them."""
     _, words, n = qweight.shape
     rounded = isinstance(x, Int8Rows)
     x2 = x if rounded else x.reshape(-1, words * (32 // bits)).contiguous()
     out = torch.empty(experts.numel(), n, dtype=dtype if rounded else x.dtype, device=qweight.device)
     if out.shape[0]:
         _gemv(x2, qweight, scales, zeros, bits, group, out, experts, x_row_div, gemv_config or EXPERT_GEMV_CONFIG,
-              None)
+              split_k)
     return out
