@@ -51,21 +51,21 @@ VARIANTS = {
         {"out_ptr": "*bf16", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32",
          "part_used_ptr": "*i32", "query_start_loc_ptr": "*i32", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
         {"HEAD_DIM": 128, "SPLITS_PAD": 16, "DECODE": decode, "QUANTIZE": rounds, "INTERLEAVE": rounds,
-         "PDL": 3 if rounds else 1})
+         "PDL": 2 if rounds else 1})
        for decode, rounds in ((False, False), (True, False), (True, True))},
-    **{f"rms norm pdl {pdl}{', int8' if pdl == 3 else ''}{f', {top_k} pairs' if top_k else ''}": (
+    **{f"rms norm pdl {pdl}{', int8' if rounds else ''}{f', {top_k} pairs' if top_k else ''}": (
         "wick.kernels.rms_norm:_rms_norm_kernel",
         {"x_ptr": "*bf16", "residual_ptr": "*bf16", "residual_out_ptr": "*bf16", "weight_ptr": "*bf16",
          "out_ptr": "*bf16", "x_weight_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32",
          "pair_weights_ptr": "*fp32", "eps": "fp32", "x_eps": "fp32"},
-        {"D": 4096 if pdl == 3 else 1024, "BLOCK_D": 4096 if pdl == 3 else 1024, "BLOCK_ROWS": 1 if pdl == 3 else 2,
-         "HAS_RESIDUAL": True, "X_NORM": False, "QUANTIZE": pdl == 3, "INTERLEAVE": pdl == 3, "TOP_K": top_k,
+        {"D": 4096 if rounds else 1024, "BLOCK_D": 4096 if rounds else 1024, "BLOCK_ROWS": 1 if rounds else 2,
+         "HAS_RESIDUAL": True, "X_NORM": False, "QUANTIZE": rounds, "INTERLEAVE": rounds, "TOP_K": top_k,
          "PDL": pdl})
-       for pdl, top_k in ((1, 0), (2, 0), (3, 0), (3, 8))},
+       for pdl, rounds, top_k in ((1, False, 0), (2, False, 0), (2, True, 0), (2, True, 8))},
     "act and mul, int8": (
         "wick.kernels.activation:_act_and_mul_kernel",
         {"x_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
-        {"ACT": 0, "BLOCK": 1024, "QUANTIZE": True, "INTERLEAVE": True, "PDL": 3}),
+        {"ACT": 0, "BLOCK": 1024, "QUANTIZE": True, "INTERLEAVE": True, "PDL": 2}),
     **{f"int8 gemv {name}": (
         f"wick.kernels.gguf_int8_gemv:{kernel}",
         {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*u8", "out_ptr": "*bf16",
@@ -126,7 +126,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 sys.path.insert(0, sys.argv[1])
 from test_hopper_compile import VARIANTS
-order, tma, prefetched = {}, {}, {}
+order, tma, prefetched, loaded = {}, {}, {}, {}
 for name, (where, pointers, constexprs) in VARIANTS.items():
     module, kernel = where.split(":")
     kernel = getattr(importlib.import_module(module), kernel)
@@ -138,28 +138,32 @@ for name, (where, pointers, constexprs) in VARIANTS.items():
     # the L2 prefetches issued before the wait, and after it
     before, _, after = ptx.partition("griddepcontrol.wait")
     prefetched[name] = [before.count("prefetch.global.L2"), after.count("prefetch.global.L2")]
-print(json.dumps([order, tma, prefetched]))
+    loaded[name] = len(re.findall(r"ld\\.global", before))  # the global loads issued before the wait
+print(json.dumps([order, tma, prefetched, loaded]))
 """
 
 
 @pytest.mark.skipif("nvidia" not in triton.backends.backends, reason="Triton without its CUDA backend")
 def test_kernels_compile_for_hopper() -> None:
     """Every variant compiles; those launched with PDL wait for their predecessor (griddepcontrol.wait); a small
-    kernel releases its successor before its wait where PDL is 1, after it where 2 and never where 3 (the norm that
-    rounds its row for an int8 GEMV, and the activation and the attention's combine that do), a GEMV at its start;
-    the K-quant GEMV by TMA issues its blocks' loads ahead (Triton's pipeliner took them)."""
+    kernel releases its successor before its wait where PDL is 1 and after it where 2 (as the norm that rounds its row
+    for an int8 GEMV does, and the activation and the attention's combine that do), a GEMV at its start; GPTQ's int8
+    GEMV loads its first weights before its wait, but over experts (whose ids the wait guards) nothing; the K-quant
+    GEMV by TMA issues its blocks' loads ahead (Triton's pipeliner took them)."""
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     child = subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent)], env=env, capture_output=True,
                            text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
-    order, tma, prefetched = json.loads(child.stdout.strip().splitlines()[-1])
+    order, tma, prefetched, loaded = json.loads(child.stdout.strip().splitlines()[-1])
     assert {name: "wait" in steps for name, steps in order.items()} == {
         name: bool(constexprs.get("PDL")) for name, (_, _, constexprs) in VARIANTS.items()}
     assert order["rms norm pdl 1"] == ["launch_dependents", "wait"]
     assert order["rms norm pdl 2"] == ["wait", "launch_dependents"]
-    assert order["rms norm pdl 3, int8"] == order["rms norm pdl 3, int8, 8 pairs"] == order["act and mul, int8"] == [
-        "wait"]
-    assert order["split attention's combine, decode True, int8"] == ["wait"]
+    assert order["rms norm pdl 2, int8"] == order["rms norm pdl 2, int8, 8 pairs"] == order["act and mul, int8"] == [
+        "wait", "launch_dependents"]
+    assert order["split attention's combine, decode True, int8"] == ["wait", "launch_dependents"]
+    assert order["int8 gemv gptq"] == order["int8 gemv gptq, experts"] == ["launch_dependents", "wait"]
+    assert loaded["int8 gemv gptq"] > 0 and loaded["int8 gemv gptq, experts"] == 0
     assert order["dense act -1 norm False"][0] == order["dense act 0 norm True"][0] == "launch_dependents"
     # a decode step's attention asks for its first key tile's keys and values (and with rope its cos/sin) before it
     # waits, and for nothing after; a prefill's asks for nothing

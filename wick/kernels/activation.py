@@ -110,14 +110,14 @@ def _act_and_mul(x: torch.Tensor, activation: str) -> torch.Tensor:
 
 def act_and_mul_q8(x: torch.Tensor, activation: str, interleave: bool = False) -> Int8Rows:
     """act(gate) * up of x [M, 2F] (an ACTIVATIONS name; F a multiple of 32) rounded to int8 as
-    int8_activations.quantize_q8(its rows, interleave) rounds them, in one kernel, which the int8 GEMV after it
-    waits for whole (its launch is not released early)."""
+    int8_activations.quantize_q8(its rows, interleave) rounds them, in one kernel, which releases the int8 GEMV
+    after it only after its own wait (pdl.py)."""
     rows = x.reshape(-1, x.shape[-1])
     features = rows.shape[1] // 2
     int8_out = int8_rows_like(rows[:, :features])
     _act_and_mul_kernel[(rows.shape[0], triton.cdiv(features, _BLOCK))](
         rows, x, *int8_out, rows.stride(0), features, ACT=ACTIVATIONS[activation], BLOCK=_BLOCK, QUANTIZE=True,
-        INTERLEAVE=interleave, num_warps=4, **pdl_options(x, wait_only=True))
+        INTERLEAVE=interleave, num_warps=4, **pdl_options(x, before_int8_gemv=True))
     return int8_out
 
 

@@ -10,7 +10,8 @@ decode attention's split without keys does, so long as one program of the launch
 may read what any kernel before it wrote: the one before it has ended, and that one ended only after a wait of its
 own. A successor's programs launch once every program of the kernel has started, so they take no SM from it; but
 they are placed on the SMs free at that moment, so a kernel of one wave sized to the SMs (the int8 GEMVs) must not
-launch early (int8_activations.quantize_q8).
+launch while a GEMV still runs: the kernels that round x for one release it only after their wait
+(`before_int8_gemv`), when the GEMV before them has ended, and `quantize_q8` launches without PDL.
 
 Where a small kernel sits between two GEMVs, releasing the second at its start hides that launch, which pays where
 GEMVs take a few microseconds, but lets the second GEMV's programs take SMs while the first one's last wave still
@@ -29,9 +30,6 @@ import triton.language as tl
 
 # gdc_wait, gdc_launch_dependents and the launch_pdl option came together (Triton 3.4).
 TRITON_HAS_PDL = hasattr(tl.extra.cuda, "gdc_wait")
-# The PDL value of a kernel that waits for the one before it and never releases its successor early (the successor
-# launches once it has ended).
-WAIT_ONLY = 3
 # Models whose hidden size is below this have small kernels release their successor at their start.
 RELEASE_EARLY_BELOW_HIDDEN = 2048
 _release_early = True
@@ -56,24 +54,22 @@ def set_release_early(hidden_size: int, int8_activations: bool) -> None:
     _release_early = hidden_size < RELEASE_EARLY_BELOW_HIDDEN or int8_activations
 
 
-def pdl_options(t: torch.Tensor, wait_only: bool = False) -> dict[str, int | bool]:
+def pdl_options(t: torch.Tensor, before_int8_gemv: bool = False) -> dict[str, int | bool]:
     """Launch options of a kernel with a PDL constexpr that waits before it touches its predecessor's memory: PDL (0
-    off, 1 releasing early, 2 late, WAIT_ONLY where `wait_only`: a kernel whose successor is an int8 GEMV), and
-    launch_pdl only where it is on (a Triton without PDL rejects the option even when false)."""
+    off, 1 releasing early, 2 late, and late always where `before_int8_gemv`: a kernel whose successor is an int8
+    GEMV), and launch_pdl only where it is on (a Triton without PDL rejects the option even when false)."""
     if not uses_pdl(t):
         return {"PDL": 0}
-    return {"PDL": WAIT_ONLY if wait_only else 1 if _release_early else 2, "launch_pdl": True}
+    return {"PDL": 1 if _release_early and not before_int8_gemv else 2, "launch_pdl": True}
 
 
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     """Where PDL is 1: lets the kernel's successor launch, then waits for the kernel before it; where 2, the other
-    way round; where WAIT_ONLY (3), only waits."""
+    way round."""
     if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     elif PDL == 2:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    elif PDL == 3:
-        tl.extra.cuda.gdc_wait()

@@ -124,8 +124,8 @@ def _launch(x: torch.Tensor | PairRows, residual: torch.Tensor | None, weight: t
         num_rows, heads, *x3.stride(), *r3.stride(), eps, x_eps,
         D=dim, BLOCK_D=block_d, BLOCK_ROWS=block_rows, HAS_RESIDUAL=residual is not None, X_NORM=x_norm is not None,
         QUANTIZE=int8_out is not None, INTERLEAVE=interleave, TOP_K=0 if pairs is None else pairs.weights.shape[1],
-        # with int8_out the int8 GEMV after it is to launch once it has ended (int8_activations.quantize_q8)
-        num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x, wait_only=int8_out is not None),
+        # with int8_out the int8 GEMV after it is released only after its wait (pdl.py)
+        num_warps=min(16, max(1, block_rows * block_d // 256)), **pdl_options(x, before_int8_gemv=int8_out is not None),
         # a product and the sum after its rounding contracted into one fma would skip the rounding the
         # unfused kernels make (16% of a bf16 residual's elements differed on an H100 with contraction on)
         enable_fp_fusion=False,

@@ -68,8 +68,8 @@ def combine_splits(partials: SplitPartials, int8_rows: bool = False, interleave:
                    ) -> torch.Tensor | Int8Rows:
     """The splits merged into partials.out, which is returned; with int8_rows (a decode step, the heads a multiple of
     32 wide) each token's row of heads rounded to int8 instead, as int8_activations.quantize_q8(out rows,
-    interleave) would round it, returned as Int8Rows, and out not written. The int8 GEMV after this kernel then
-    launches once it has ended (pdl.py)."""
+    interleave) would round it, returned as Int8Rows, and out not written. The int8 GEMV after this kernel is then
+    released only after its wait (pdl.py)."""
     out = partials.out
     num_tokens, num_heads, head_dim = out.shape
     num_splits = partials.acc.shape[2]
@@ -82,6 +82,7 @@ def combine_splits(partials: SplitPartials, int8_rows: bool = False, interleave:
         out, partials.acc, partials.maxes, partials.sums, partials.used, partials.query_start_loc, partials.num_reqs,
         num_splits, out.stride(0), out.stride(1), *(quantized or (out, out, out)),
         HEAD_DIM=head_dim, SPLITS_PAD=triton.next_power_of_2(num_splits), DECODE=partials.decode,
-        QUANTIZE=quantized is not None, INTERLEAVE=interleave, **pdl_options(out, wait_only=quantized is not None),
+        QUANTIZE=quantized is not None, INTERLEAVE=interleave,
+        **pdl_options(out, before_int8_gemv=quantized is not None),
     )
     return out if quantized is None else quantized

@@ -221,13 +221,14 @@ def _w4a8_gemv_kernel(
     groups are contiguous and hold whole steps (GROUP a multiple of BLOCK_K). A word's low nibbles (its even
     input rows) meet x's four even codes in one dp4a, its high nibbles the odd ones in another; a word's
     integer sum takes its run's scale of x, and the step's group scale and zero point apply once. Each step
-    issues the next step's loads of W before it sums its own, so two steps' weights are in flight. Where SPLIT,
+    issues the next step's loads of W before it sums its own, so two steps' weights are in flight; the first step's
+    load before the PDL wait (but for EXPERTS, whose ids come from the kernel before). Where SPLIT,
     program (.., .., s) takes SPLIT_STEPS steps from step s * SPLIT_STEPS (gemv_split.py). Output row m reads row
     m // X_ROW_DIV of x; EXPERTS: W, its scales and zero points those of expert experts[m] of stacked ones."""
-    pdl_prologue(PDL)
     WORDS: tl.constexpr = BLOCK_K // 8
     m = tl.program_id(0)
     if EXPERTS:
+        pdl_prologue(PDL)
         qweight_ptr, scales_ptr, zeros_ptr = _expert_weights(experts_ptr, m, qweight_ptr, scales_ptr, zeros_ptr,
                                                              stride_qe, stride_se)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -243,6 +244,8 @@ def _w4a8_gemv_kernel(
     k_end = tl.minimum(K, k_begin + SPLIT_STEPS * BLOCK_K)
     words, scale, zero = _w4a8_weights(qweight_ptr, scales_ptr, zeros_ptr, k_begin, k_end, word_rows, cols, n_mask,
                                        N, GROUP, False)
+    if not EXPERTS:
+        pdl_prologue(PDL)
     for k0 in range(k_begin, k_end, BLOCK_K):
         next_words, next_scale, next_zero = _w4a8_weights(qweight_ptr, scales_ptr, zeros_ptr, k0 + BLOCK_K, k_end,
                                                           word_rows, cols, n_mask, N, GROUP, True)
