@@ -4,9 +4,10 @@ and may load what no kernel writes (weights) before that. A kernel that calls `g
 successor launch at once instead of when it ends.
 
 A kernel of a decode step takes part through one constexpr, PDL (set by pdl_options): it lets its successor launch
-(the GEMVs at their start, the small kernels by `pdl_prologue`) and waits before it touches memory another kernel
-writes, in every program that touches any (a program that ends having touched none may end without waiting, as a
-decode attention's split without keys does, so long as one program of the launch waits). So a kernel that has waited
+(the float and fp8 GEMVs at their start, the small kernels and the int8 GEMVs by `pdl_prologue`, GPTQ's after its
+first loads of weights) and waits before it touches memory another kernel writes, in every program that touches any
+(a program that ends having touched none may end without waiting, as a decode attention's split without keys does,
+so long as one program of the launch waits). So a kernel that has waited
 may read what any kernel before it wrote: the one before it has ended, and that one ended only after a wait of its
 own. A successor's programs launch once every program of the kernel has started, so they take no SM from it; but
 they are placed on the SMs free at that moment, so a kernel of one wave sized to the SMs (the int8 GEMVs) must not
@@ -66,7 +67,8 @@ def pdl_options(t: torch.Tensor, before_int8_gemv: bool = False) -> dict[str, in
 @triton.jit
 def pdl_prologue(PDL: tl.constexpr):
     """Where PDL is 1: lets the kernel's successor launch, then waits for the kernel before it; where 2, the other
-    way round."""
+    way round; where 0 (PDL off), nothing."""
+    tl.static_assert(PDL >= 0 and PDL <= 2, "PDL is 0, 1 or 2")
     if PDL == 1:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
