@@ -7,12 +7,12 @@ A kernel of a decode step takes part through one constexpr, PDL (set by pdl_opti
 (the float and fp8 GEMVs at their start, the small kernels and the int8 GEMVs by `pdl_prologue`, GPTQ's after its
 first loads of weights) and waits before it touches memory another kernel writes, in every program that touches any
 (a program that ends having touched none may end without waiting, as a decode attention's split without keys does,
-so long as one program of the launch waits). So a kernel that has waited
-may read what any kernel before it wrote: the one before it has ended, and that one ended only after a wait of its
-own. A successor's programs launch once every program of the kernel has started, so they take no SM from it; but
-they are placed on the SMs free at that moment, so a kernel of one wave sized to the SMs (the int8 GEMVs) must not
-launch while a GEMV still runs: the kernels that round x for one release it only after their wait
-(`before_int8_gemv`), when the GEMV before them has ended, and `quantize_q8` launches without PDL.
+so long as one program of the launch waits). So a kernel that has waited may read what any kernel before it wrote:
+the one before it has ended, and that one ended only after a wait of its own. A successor's programs launch once
+every program of the kernel has started, so they take no SM from it; but they are placed on the SMs free at that
+moment, so a kernel of one wave sized to the SMs (the int8 GEMVs) must not launch while a GEMV still runs: the
+kernels that round x for one release it only after their wait (`before_int8_gemv`), when the GEMV before them has
+ended, and `quantize_q8` launches without PDL.
 
 Where a small kernel sits between two GEMVs, releasing the second at its start hides that launch, which pays where
 GEMVs take a few microseconds, but lets the second GEMV's programs take SMs while the first one's last wave still
