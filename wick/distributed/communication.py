@@ -26,6 +26,24 @@ def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+class PartialSum:
+    """A row-parallel layer's output before its all-reduce (this rank's addend), left for the norm that reads it,
+    which may sum it in its own kernel (SymmAllReduce.add_rms_norm); `value()` all-reduces it."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def add_rms_norm(self, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(the sum + residual) * weight, the sum + residual, in residual) by one kernel, or None where
+        no kernel can take these tensors."""
+        one_shot = symm_all_reduce()
+        return None if one_shot is None else one_shot.add_rms_norm(self.x, residual, weight, eps)
+
+    def value(self) -> torch.Tensor:
+        return tp_all_reduce(self.x)
+
+
 def tp_all_gather_last_dim(x: torch.Tensor) -> torch.Tensor:
     size = tp_world_size()
     if size == 1:

@@ -12,6 +12,9 @@ kernel takes bf16 and fp32; the buffer is bf16, as models on GPUs are) and tenso
 take go to NCCL. The kernel is captured in CUDA graphs like any other. NVLink multicast (multimem) is
 not used, so torch is told not to set it up (TORCH_SYMM_MEM_DISABLE_MULTICAST, unless already set).
 
+The same memory serves a second kernel, kernels/all_reduce_rms_norm.py: the all-reduce of a row-parallel layer's
+output fused with the residual add and RMSNorm after it (`add_rms_norm`), in a buffer and flags of its own.
+
 Set WICK_SYMM_ALL_REDUCE=0 to use NCCL for every size.
 """
 
@@ -38,10 +41,22 @@ class SymmAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
+        from wick.kernels.all_reduce_rms_norm import PROGRAMS
+
         self.group_name = group.group_name
         self.max_bytes = max_bytes
         self.buffer = symm_mem.empty(max_bytes // 2, dtype=torch.bfloat16, device=device)
         symm_mem.rendezvous(self.buffer, group)  # collective: maps every rank's buffer here
+        self.rank = group.rank()
+        self.norm_buffer = symm_mem.empty(max_bytes // 2, dtype=torch.bfloat16, device=device)
+        self.norm_flags = symm_mem.empty(2 * PROGRAMS * group.size(), dtype=torch.int32, device=device)
+        self.norm_flags.zero_()
+        self.norm_flags[PROGRAMS * group.size():].fill_(1)  # every rank is done with the rows of no call
+        self.norm_buffer_ptrs, self.norm_flag_ptrs = (
+            torch.tensor(symm_mem.rendezvous(t, group).buffer_ptrs, dtype=torch.int64, device=device)
+            for t in (self.norm_buffer, self.norm_flags))
+        self.norm_columns: int | None = None  # the rows' width of the first add_rms_norm, the only one it takes
+        torch.cuda.synchronize(device)  # the flags are set before any rank passes init_symm_all_reduce's agreement
 
     def can_reduce(self, x: torch.Tensor) -> bool:
         return (x.dtype == torch.bfloat16 and x.is_cuda and x.is_contiguous() and 0 < x.nbytes <= self.max_bytes
@@ -51,6 +66,25 @@ class SymmAllReduce:
         """Sums `x` over the group, in place (`can_reduce(x)` must hold)."""
         staging = self.buffer[:x.numel()].view(x.shape)
         return torch.ops.symm_mem.one_shot_all_reduce_copy_out(staging, x, "sum", self.group_name, x)
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(rms_norm(residual + x summed over the group) * weight, that residual, updated in place), as
+        RMSNorm.forward(all-reduced x, residual) returns them, by one kernel; None where it cannot take these
+        tensors: every rank must call it with tensors of the same shapes. Rows of one width only (the model's
+        hidden size, set by the first call): a call's rows may overwrite the last call's only where they share
+        it."""
+        if not (self.can_reduce(x) and x.dim() == 2 and residual.shape == x.shape and residual.dtype == x.dtype
+                and residual.is_contiguous() and weight.dtype == x.dtype):
+            return None
+        if self.norm_columns is None:
+            self.norm_columns = x.shape[1]
+        if x.shape[1] != self.norm_columns:
+            return None
+        from wick.kernels.all_reduce_rms_norm import all_reduce_rms_norm
+
+        out = all_reduce_rms_norm(x, residual, weight, eps, self.norm_buffer_ptrs, self.norm_flag_ptrs, self.rank)
+        return out, residual
 
 
 def init_symm_all_reduce(group: dist.ProcessGroup, control: dist.ProcessGroup, device: torch.device) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from wick.distributed.communication import tp_all_reduce, tp_rank, tp_world_size
+from wick.distributed.communication import PartialSum, tp_all_reduce, tp_rank, tp_world_size
 from wick.layers.pending_act import PendingAct
 from wick.layers.pending_combine import PendingCombine
 from wick.layers.pending_norm import PendingNorm, resolved
@@ -208,6 +208,8 @@ class RowParallelLinear(LinearBase):
     def input_shard(self) -> tuple[int, int]:
         return self.tp_rank * self.input_size, self.input_size
 
-    def forward(self, x: torch.Tensor | PendingAct | PendingCombine) -> torch.Tensor:
-        """x: a PendingAct or PendingCombine only where the method reads one (reads_pending_rows)."""
-        return tp_all_reduce(self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None))
+    def forward(self, x: torch.Tensor | PendingAct | PendingCombine, reduce: bool = True) -> torch.Tensor | PartialSum:
+        """x: a PendingAct or PendingCombine only where the method reads one (reads_pending_rows). Without `reduce`
+        the all-reduce is left to the reader, the norm after the layer (PartialSum), over more than one rank."""
+        out = self.quant_method.apply(self, x, self.bias if self.tp_rank == 0 else None)
+        return tp_all_reduce(out) if reduce or self.tp_size == 1 else PartialSum(out)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wick.distributed.communication import PartialSum
 from wick.kernels.pair_sum import PairRows
 from wick.layers.linear import default_weight_loader
 from wick.layers.pending_norm import PendingNorm
@@ -25,8 +26,8 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor | PairRows, residual: torch.Tensor | None = None, x_norm: RMSNorm | None = None,
-        pending: bool = False,
+        self, x: torch.Tensor | PairRows | PartialSum, residual: torch.Tensor | None = None,
+        x_norm: RMSNorm | None = None, pending: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor | PendingNorm, torch.Tensor]:
         """Without residual: norm(x). With residual: (norm(x + residual), x + residual). x_norm (with a
         residual only): a norm applied to x first (Gemma's and GLM-4's norm of a sublayer's output). pending
@@ -34,8 +35,15 @@ class RMSNorm(nn.Module):
 
         On CUDA one fused kernel runs, and x + residual is written into residual in place (a pending norm's goes
         out of place, into PendingNorm.residual). x may be an MoE layer's pairs unsummed (PairRows), which that
-        kernel sums as it loads them.
+        kernel sums as it loads them, or a row-parallel layer's output before its all-reduce (PartialSum), which
+        one kernel sums over the ranks, adds and norms where it can (a residual and no x_norm), else is
+        all-reduced first.
         """
+        if isinstance(x, PartialSum):
+            fused = x.add_rms_norm(residual, self.weight, self.eps) if residual is not None and x_norm is None else None
+            if fused is not None:
+                return fused
+            x = x.value()
         if isinstance(x, PairRows) and residual is None:
             x = x.value()
         if pending and residual is not None and x_norm is None and self._pends(x, residual):
@@ -95,11 +103,11 @@ class LayerNorm(nn.Module):
         return F.layer_norm(x.float(), x.shape[-1:], self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
     def forward(
-        self, x: torch.Tensor | PairRows, residual: torch.Tensor | None = None, x_norm: nn.Module | None = None,
-        pending: bool = False,
+        self, x: torch.Tensor | PairRows | PartialSum, residual: torch.Tensor | None = None,
+        x_norm: nn.Module | None = None, pending: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """pending: ignored (no kernel takes a LayerNorm on its way)."""
-        if isinstance(x, PairRows):
+        if isinstance(x, PartialSum | PairRows):
             x = x.value()
         if residual is None:
             return self._norm(x)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from wick.distributed.communication import PartialSum
 from wick.layers.activation import get_act_and_mul
 from wick.layers.attention.layer import Attention
 from wick.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -60,6 +61,7 @@ class RopeCache:
 
 class GatedMLP(nn.Module):
     reads_pending_norm = True  # its input reaches only gate_up_proj (layers.pending_norm)
+    leaves_all_reduce = True  # forward(reduce=False): its output before the all-reduce (PartialSum)
 
     def __init__(self, hidden_size: int, intermediate_size: int, act: str, bias: bool = False) -> None:
         super().__init__()
@@ -67,9 +69,9 @@ class GatedMLP(nn.Module):
         self.act_fn = get_act_and_mul(act)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
 
-    def forward(self, x: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | PendingNorm, reduce: bool = True) -> torch.Tensor | PartialSum:
         pending = self.down_proj.quant_method.reads_pending_rows
-        return self.down_proj(self.gate_up_proj.gated(x, self.act_fn, pending=pending))
+        return self.down_proj(self.gate_up_proj.gated(x, self.act_fn, pending=pending), reduce)
 
 
 class SparseMoeBlock(nn.Module):
@@ -105,6 +107,7 @@ class DecoderAttention(nn.Module):
     """Grouped-query attention with RoPE, this layer's window and soft-cap; optional per-head q/k norms."""
 
     reads_pending_norm = True  # its input reaches only qkv_proj (layers.pending_norm)
+    leaves_all_reduce = True  # forward(reduce=False): its output before the all-reduce (PartialSum)
 
     def __init__(self, cfg: ModelConfig, layer: int, rope: RotaryEmbedding, qk_norm: type[nn.Module] | None = None
                  ) -> None:
@@ -123,12 +126,19 @@ class DecoderAttention(nn.Module):
             self.q_norm = qk_norm(self.head_dim, cfg.norm_eps)
             self.k_norm = qk_norm(self.head_dim, cfg.norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor | PendingNorm) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor | PendingNorm, reduce: bool = True
+                ) -> torch.Tensor | PartialSum:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden_states).split([q_size, kv_size, kv_size], dim=-1)
         norms = (self.q_norm, self.k_norm) if self.qk_norm else None
         pending = self.o_proj.quant_method.reads_pending_rows  # layers.pending_combine
-        return self.o_proj(self.attn.rotate_and_attend(positions, q, k, v, self.rotary_emb, norms, pending))
+        return self.o_proj(self.attn.rotate_and_attend(positions, q, k, v, self.rotary_emb, norms, pending), reduce)
+
+
+def _unreduced(sublayer: nn.Module, post_norm: str | None) -> dict[str, bool]:
+    """The sublayer's arguments that leave its all-reduce to the norm after it (PartialSum): where it can and no
+    norm of its own output comes first."""
+    return {"reduce": False} if getattr(sublayer, "leaves_all_reduce", False) and post_norm is None else {}
 
 
 class DecoderLayer(nn.Module):
@@ -143,14 +153,15 @@ class DecoderLayer(nn.Module):
                 setattr(self, name, norm(cfg.hidden_size, cfg.norm_eps))
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor | PairRows, residual: torch.Tensor | None,
-        x_norm: nn.Module | None = None,
-    ) -> tuple[torch.Tensor | PairRows, torch.Tensor]:
+        self, positions: torch.Tensor, hidden_states: torch.Tensor | PairRows | PartialSum,
+        residual: torch.Tensor | None, x_norm: nn.Module | None = None,
+    ) -> tuple[torch.Tensor | PairRows | PartialSum, torch.Tensor]:
         """x_norm: the previous layer's post-MLP norm, still to be applied to hidden_states. Returns (the MLP's
         output, before this layer's post-MLP norm, and the residual stream before it): the next norm applies
         the post-MLP norm and adds them, in one kernel on CUDA, or leaves them to the sublayer that reads them
         where it takes a pending norm (layers.pending_norm). An MoE block's output may be its pairs unsummed
-        (kernels/pair_sum.PairRows), which that norm's kernel sums."""
+        (kernels/pair_sum.PairRows), which that norm's kernel sums; a sublayer's output over several ranks may be
+        left before its all-reduce (PartialSum), which that norm sums too."""
         layout = self.layout
         pre_attn = getattr(self, layout.pre_attn)
         if residual is None:
@@ -159,11 +170,11 @@ class DecoderLayer(nn.Module):
         else:
             hidden_states, residual = pre_attn(hidden_states, residual, x_norm,
                                                pending=getattr(self.self_attn, "reads_pending_norm", False))
-        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states = self.self_attn(positions, hidden_states, **_unreduced(self.self_attn, layout.post_attn))
         post_attn = getattr(self, layout.post_attn) if layout.post_attn is not None else None
         hidden_states, residual = getattr(self, layout.pre_mlp)(
             hidden_states, residual, post_attn, pending=getattr(self.mlp, "reads_pending_norm", False))
-        return self.mlp(hidden_states), residual
+        return self.mlp(hidden_states, **_unreduced(self.mlp, layout.post_mlp)), residual
 
     @property
     def post_mlp_norm(self) -> nn.Module | None:
