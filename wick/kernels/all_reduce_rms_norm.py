@@ -65,7 +65,7 @@ def _all_reduce_rms_norm_kernel(
     mask = (rows < num_rows)[:, None] & (cols < D)[None, :]
     offsets = rows[:, None] * D + cols[None, :]
     dtype = x_ptr.dtype.element_ty
-    own = tl.load(buffer_ptrs + rank).to(tl.pointer_type(dtype))
+    own = tl.multiple_of(tl.load(buffer_ptrs + rank).to(tl.pointer_type(dtype)), 16)
     tl.store(own + offsets, tl.load(x_ptr + offsets, mask=mask, other=0.0), mask=mask)
     _set_on_peers(flag_ptrs, ready + rank, rank, WORLD)
     for q in tl.static_range(WORLD):
@@ -73,7 +73,7 @@ def _all_reduce_rms_norm_kernel(
             _wait_and_clear(flags + ready + q)
     total = tl.zeros([ROWS, BLOCK_D], dtype=tl.float32)
     for q in tl.static_range(WORLD):
-        rank_rows = tl.load(buffer_ptrs + q).to(tl.pointer_type(dtype))
+        rank_rows = tl.multiple_of(tl.load(buffer_ptrs + q).to(tl.pointer_type(dtype)), 16)
         total += tl.load(rank_rows + offsets, mask=mask, other=0.0, volatile=True).to(tl.float32)
     _set_on_peers(flag_ptrs, done + rank, rank, WORLD)
     residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
