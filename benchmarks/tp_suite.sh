@@ -12,7 +12,7 @@ source "$(dirname "$0")/suite_steps.sh"
 
 latency=(python -m benchmarks.latency --attention-backend triton --output-len 512)
 step gpu_tests 150 python -m pytest -q -m gpu tests/distributed/test_symm_all_reduce_gpu.py \
-    tests/executor/test_multiproc_gpu.py
+    tests/executor/test_multiproc_gpu.py tests/kernels/test_all_reduce_rms_norm.py
 step bench_all_reduce 40 python -m benchmarks.kernels.bench_all_reduce
 step latency_llama8b_tp1 65 "${latency[@]}" --model llama-3.1-8b -tp 1
 step latency_llama8b_tp2 65 "${latency[@]}" --model llama-3.1-8b -tp 2
