@@ -1,7 +1,7 @@
 """The all-reduce fused with the residual add and RMSNorm (kernels/all_reduce_rms_norm.py) against an all-reduce
 followed by kernels/rms_norm.py's fused_add_rms_norm: on two GPUs against NCCL's, one call at a time, hundreds of
 calls in a row with no wait between them (each call's rows overwrite the last one's), and replayed in a CUDA graph;
-and on one GPU, two ranks as two streams. Every rank gets the same bits."""
+and on one GPU, two or four ranks as streams. Every rank gets the same bits."""
 
 from __future__ import annotations
 
@@ -115,34 +115,38 @@ def test_all_reduce_rms_norm_equals_nccl_then_the_norm() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_two_ranks_as_two_streams_of_one_gpu() -> None:
-    """Each rank's kernel on a stream of its own, the two running at once and meeting at their flags; rank r's
-    buffer and flags are plain memory of the one GPU."""
-    buffers = [torch.empty(128 * HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in range(WORLD)]
-    flags = [torch.zeros(2 * PROGRAMS * WORLD, dtype=torch.int32, device="cuda") for _ in range(WORLD)]
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_as_streams_of_one_gpu(world: int) -> None:
+    """Each rank's kernel on a stream of its own, all running at once and meeting at their flags; rank r's buffer
+    and flags are plain memory of the one GPU. The sum is in float32 in rank order, rounded once."""
+    buffers = [torch.empty(128 * HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in range(world)]
+    flags = [torch.zeros(2 * PROGRAMS * world, dtype=torch.int32, device="cuda") for _ in range(world)]
     for f in flags:
-        f[PROGRAMS * WORLD:] = 1
+        f[PROGRAMS * world:] = 1
     buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device="cuda")
     flag_ptrs = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device="cuda")
-    streams = [torch.cuda.Stream() for _ in range(WORLD)]
+    streams = [torch.cuda.Stream() for _ in range(world)]
     weight = _randn((HIDDEN,), 7) + 1
     for i, rows in enumerate(ROWS):
-        xs = [_randn((rows, HIDDEN), 10 * i + rank) for rank in range(WORLD)]
-        total = (xs[0].float() + xs[1].float()).to(torch.bfloat16)
+        xs = [_randn((rows, HIDDEN), 10 * i + rank) for rank in range(world)]
+        total = xs[0].float()
+        for x in xs[1:]:  # in rank order, as the kernel sums
+            total = total + x.float()
+        total = total.to(torch.bfloat16)
         residual = _randn((rows, HIDDEN), 10 * i + 9)
         expected, chain = [], residual.clone()
         for _ in range(50):
             expected.append((fused_add_rms_norm(total, chain, weight, EPS)[0], chain.clone()))
-        residuals = [residual.clone() for _ in range(WORLD)]
+        residuals = [residual.clone() for _ in range(world)]
         torch.cuda.synchronize()
-        got: list[list[torch.Tensor]] = [[] for _ in range(WORLD)]
-        for rank in range(WORLD):
+        got: list[list[torch.Tensor]] = [[] for _ in range(world)]
+        for rank in range(world):
             with torch.cuda.stream(streams[rank]):
                 for _ in range(50):  # back to back: each call may launch while the one before runs (PDL)
                     got[rank].append(all_reduce_rms_norm(xs[rank], residuals[rank], weight, EPS, buffer_ptrs,
                                                          flag_ptrs, rank))
         torch.cuda.synchronize()
-        for rank in range(WORLD):
+        for rank in range(world):
             assert torch.equal(residuals[rank], expected[-1][1]), f"{rows} rows, rank {rank}: residual"
             for j, out in enumerate(got[rank]):
                 assert torch.equal(out, expected[j][0]), f"{rows} rows, rank {rank}, call {j}: norm"
