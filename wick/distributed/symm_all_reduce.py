@@ -52,9 +52,8 @@ class SymmAllReduce:
         self.norm_flags = symm_mem.empty(2 * PROGRAMS * group.size(), dtype=torch.int32, device=device)
         self.norm_flags.zero_()
         self.norm_flags[PROGRAMS * group.size():].fill_(1)  # every rank is done with the rows of no call
-        self.norm_buffer_ptrs, self.norm_flag_ptrs = (
-            torch.tensor(symm_mem.rendezvous(t, group).buffer_ptrs, dtype=torch.int64, device=device)
-            for t in (self.norm_buffer, self.norm_flags))
+        self.norm_buffer_ptrs, self.norm_flag_ptrs = (_peer_addresses(symm_mem.rendezvous(t, group), t, self.rank)
+                                                       for t in (self.norm_buffer, self.norm_flags))
         self.norm_columns: int | None = None  # the rows' width of the first add_rms_norm, the only one it takes
         torch.cuda.synchronize(device)  # the flags are set before any rank passes init_symm_all_reduce's agreement
 
@@ -87,6 +86,13 @@ class SymmAllReduce:
         return out, residual
 
 
+def _peer_addresses(handle: object, t: torch.Tensor, rank: int) -> torch.Tensor:
+    """Every rank's address of symmetric tensor t (int64, on t's device): t lies at the same offset in every rank's
+    allocation."""
+    bases = handle.buffer_ptrs
+    return torch.tensor([base + t.data_ptr() - bases[rank] for base in bases], dtype=torch.int64, device=t.device)
+
+
 def init_symm_all_reduce(group: dist.ProcessGroup, control: dist.ProcessGroup, device: torch.device) -> None:
     """Sets up the one-shot all-reduce for `group` (an NCCL group; every rank calls this) or leaves NCCL for
     every size, with the reason in the log; the ranks agree over `control` so that all take the same path."""
@@ -102,7 +108,7 @@ def init_symm_all_reduce(group: dist.ProcessGroup, control: dist.ProcessGroup, d
     else:
         try:
             reducer = SymmAllReduce(group, device, max_bytes)
-        except (RuntimeError, ImportError) as e:
+        except (RuntimeError, ImportError, AttributeError) as e:
             reason = f"symmetric memory is not available: {e}"
     agreed = torch.tensor([int(reducer is not None)])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control)
