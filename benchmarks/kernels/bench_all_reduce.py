@@ -11,6 +11,7 @@ as decode runs them.
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 from collections.abc import Callable
 
@@ -47,6 +48,7 @@ def _graph_us(all_reduce: Callable[[torch.Tensor], object], x: torch.Tensor, cal
 
 
 def _run(rank: int, init_method: str, calls: int, replays: int) -> None:
+    os.environ["WICK_FUSED_ALL_REDUCE_NORM"] = "1"
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     init_distributed(rank, 2, 2, init_method, device)

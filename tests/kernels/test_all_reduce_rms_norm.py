@@ -5,6 +5,7 @@ and on one GPU, two or four ranks as streams. Every rank gets the same bits."""
 
 from __future__ import annotations
 
+import os
 import socket
 
 import pytest
@@ -65,6 +66,7 @@ def _check_one(one_shot: SymmAllReduce, rank: int, rows: int, seed: int, weight:
 
 
 def _check(rank: int, init_method: str) -> None:
+    os.environ["WICK_FUSED_ALL_REDUCE_NORM"] = "1"
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
     init_distributed(rank, WORLD, WORLD, init_method, device)

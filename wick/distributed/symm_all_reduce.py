@@ -13,7 +13,8 @@ take go to NCCL. The kernel is captured in CUDA graphs like any other. NVLink mu
 not used, so torch is told not to set it up (TORCH_SYMM_MEM_DISABLE_MULTICAST, unless already set).
 
 The same memory serves a second kernel, kernels/all_reduce_rms_norm.py: the all-reduce of a row-parallel layer's
-output fused with the residual add and RMSNorm after it (`add_rms_norm`), in a buffer and flags of its own.
+output fused with the residual add and RMSNorm after it (`add_rms_norm`), in a buffer and flags of its own. It is
+on where every rank has WICK_FUSED_ALL_REDUCE_NORM=1: it has run on one GPU (ranks as streams), not yet on two.
 
 Set WICK_SYMM_ALL_REDUCE=0 to use NCCL for every size.
 """
@@ -37,7 +38,7 @@ _instance: SymmAllReduce | None = None
 class SymmAllReduce:
     """The buffer of one group and the choice of the tensors it reduces."""
 
-    def __init__(self, group: dist.ProcessGroup, device: torch.device, max_bytes: int) -> None:
+    def __init__(self, group: dist.ProcessGroup, device: torch.device, max_bytes: int, fuse_norm: bool) -> None:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
@@ -48,13 +49,16 @@ class SymmAllReduce:
         self.buffer = symm_mem.empty(max_bytes // 2, dtype=torch.bfloat16, device=device)
         symm_mem.rendezvous(self.buffer, group)  # collective: maps every rank's buffer here
         self.rank = group.rank()
+        self.norm_columns: int | None = None  # the rows' width of the first add_rms_norm, the only one it takes
+        self.fuses_norm = fuse_norm
+        if not fuse_norm:
+            return
         self.norm_buffer = symm_mem.empty(max_bytes // 2, dtype=torch.bfloat16, device=device)
         self.norm_flags = symm_mem.empty(2 * PROGRAMS * group.size(), dtype=torch.int32, device=device)
         self.norm_flags.zero_()
         self.norm_flags[PROGRAMS * group.size():].fill_(1)  # every rank is done with the rows of no call
         self.norm_buffer_ptrs, self.norm_flag_ptrs = (_peer_addresses(symm_mem.rendezvous(t, group), t, self.rank)
                                                        for t in (self.norm_buffer, self.norm_flags))
-        self.norm_columns: int | None = None  # the rows' width of the first add_rms_norm, the only one it takes
         torch.cuda.synchronize(device)  # the flags are set before any rank passes init_symm_all_reduce's agreement
 
     def can_reduce(self, x: torch.Tensor) -> bool:
@@ -73,8 +77,8 @@ class SymmAllReduce:
         tensors: every rank must call it with tensors of the same shapes. Rows of one width only (the model's
         hidden size, set by the first call): a call's rows may overwrite the last call's only where they share
         it."""
-        if not (self.can_reduce(x) and x.dim() == 2 and residual.shape == x.shape and residual.dtype == x.dtype
-                and residual.is_contiguous() and weight.dtype == x.dtype):
+        if not (self.fuses_norm and self.can_reduce(x) and x.dim() == 2 and residual.shape == x.shape
+                and residual.dtype == x.dtype and residual.is_contiguous() and weight.dtype == x.dtype):
             return None
         if self.norm_columns is None:
             self.norm_columns = x.shape[1]
@@ -101,21 +105,23 @@ def init_symm_all_reduce(group: dist.ProcessGroup, control: dist.ProcessGroup, d
     world = group.size()
     max_bytes = _MAX_BYTES.get(world, _MAX_BYTES_MANY)
     reducer, reason = None, None
+    fuse_norm = torch.tensor([int(os.environ.get("WICK_FUSED_ALL_REDUCE_NORM", "0") == "1")])
+    dist.all_reduce(fuse_norm, op=dist.ReduceOp.MIN, group=control)  # every rank makes the norm's memory, or none
     if os.environ.get("WICK_SYMM_ALL_REDUCE", "1") == "0":
         reason = "WICK_SYMM_ALL_REDUCE=0"
     elif not hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out"):
         reason = f"torch {torch.__version__} has no symm_mem.one_shot_all_reduce_copy_out"
     else:
         try:
-            reducer = SymmAllReduce(group, device, max_bytes)
+            reducer = SymmAllReduce(group, device, max_bytes, bool(fuse_norm.item()))
         except (RuntimeError, ImportError, AttributeError) as e:
             reason = f"symmetric memory is not available: {e}"
     agreed = torch.tensor([int(reducer is not None)])
     dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control)
     if agreed.item():
         _instance = reducer
-        logger.info("one-shot all-reduce over symmetric memory for tensors up to %d KiB, NCCL above",
-                    max_bytes >> 10)
+        logger.info("one-shot all-reduce over symmetric memory for tensors up to %d KiB, NCCL above%s",
+                    max_bytes >> 10, "; fused with the norm after it" if reducer.fuses_norm else "")
     elif reason == "WICK_SYMM_ALL_REDUCE=0":
         logger.info("all-reduce over NCCL at every size: %s", reason)
     else:
