@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from wick.distributed.parallel_state import init_distributed
 from wick.distributed.symm_all_reduce import SymmAllReduce, symm_all_reduce
-from wick.kernels.all_reduce_rms_norm import PROGRAMS, all_reduce_rms_norm
+from wick.kernels.all_reduce_rms_norm import FLAGS_PER_RANK, all_reduce_rms_norm, reset_flags
 from wick.kernels.rms_norm import fused_add_rms_norm
 
 pytestmark = pytest.mark.gpu
@@ -129,9 +129,9 @@ def test_ranks_as_streams_of_one_gpu(world: int) -> None:
     """Each rank's kernel on a stream of its own, all running at once and meeting at their flags; rank r's buffer
     and flags are plain memory of the one GPU. The sum is in float32 in rank order, rounded once."""
     buffers = [torch.empty(128 * HIDDEN, dtype=torch.bfloat16, device="cuda") for _ in range(world)]
-    flags = [torch.zeros(2 * PROGRAMS * world, dtype=torch.int32, device="cuda") for _ in range(world)]
+    flags = [torch.empty(FLAGS_PER_RANK * world, dtype=torch.int32, device="cuda") for _ in range(world)]
     for f in flags:
-        f[PROGRAMS * world:] = 1
+        reset_flags(f)
     buffer_ptrs = torch.tensor([b.data_ptr() for b in buffers], dtype=torch.int64, device="cuda")
     flag_ptrs = torch.tensor([f.data_ptr() for f in flags], dtype=torch.int64, device="cuda")
     streams = [torch.cuda.Stream() for _ in range(world)]

@@ -42,7 +42,7 @@ class SymmAllReduce:
         os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
         import torch.distributed._symmetric_memory as symm_mem
 
-        from wick.kernels.all_reduce_rms_norm import PROGRAMS
+        from wick.kernels.all_reduce_rms_norm import FLAGS_PER_RANK, reset_flags
 
         self.group_name = group.group_name
         self.max_bytes = max_bytes
@@ -54,9 +54,8 @@ class SymmAllReduce:
         if not fuse_norm:
             return
         self.norm_buffer = symm_mem.empty(max_bytes // 2, dtype=torch.bfloat16, device=device)
-        self.norm_flags = symm_mem.empty(2 * PROGRAMS * group.size(), dtype=torch.int32, device=device)
-        self.norm_flags.zero_()
-        self.norm_flags[PROGRAMS * group.size():].fill_(1)  # every rank is done with the rows of no call
+        self.norm_flags = symm_mem.empty(FLAGS_PER_RANK * group.size(), dtype=torch.int32, device=device)
+        reset_flags(self.norm_flags)
         self.norm_buffer_ptrs, self.norm_flag_ptrs = (_peer_addresses(symm_mem.rendezvous(t, group), t, self.rank)
                                                        for t in (self.norm_buffer, self.norm_flags))
         torch.cuda.synchronize(device)  # the flags are set before any rank passes init_symm_all_reduce's agreement

@@ -21,9 +21,18 @@ import triton
 import triton.language as tl
 
 from wick.kernels.pdl import pdl_options, pdl_prologue
-from wick.kernels.rms_norm import _normalize
+from wick.kernels.rms_norm import normalize_rows
 
 PROGRAMS = 16
+FLAGS_PER_RANK = 2 * PROGRAMS  # a ready and a done flag for each program
+
+
+def reset_flags(flags: torch.Tensor) -> None:
+    """A rank's flags (int32, FLAGS_PER_RANK for each rank) before the first call: no rank ready, and every rank
+    done with the rows of the call before (there is none)."""
+    ready = flags.numel() // 2
+    flags[:ready] = 0
+    flags[ready:] = 1
 
 
 @triton.jit
@@ -79,7 +88,7 @@ def _all_reduce_rms_norm_kernel(
     residual = tl.load(residual_ptr + offsets, mask=mask, other=0.0)
     x = (total.to(dtype).to(tl.float32) + residual.to(tl.float32)).to(dtype)
     tl.store(residual_ptr + offsets, x, mask=mask)
-    out = _normalize(x, weight_ptr, cols, eps, D).to(out_ptr.dtype.element_ty)
+    out = normalize_rows(x, weight_ptr, cols, eps, D).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + offsets, out, mask=mask)
 
 
@@ -87,7 +96,7 @@ def all_reduce_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.T
                         buffer_ptrs: torch.Tensor, flag_ptrs: torch.Tensor, rank: int) -> torch.Tensor:
     """residual += (x summed over the ranks) in place, both rounded to x's dtype; returns rms_norm(residual) * weight.
     x and residual [T, D] contiguous; buffer_ptrs and flag_ptrs (int64, on x's device) the addresses of every rank's
-    symmetric buffer of at least T * D elements of x's dtype and of its 2 * PROGRAMS * ranks int32 flags."""
+    symmetric buffer of at least T * D elements of x's dtype and of its flags (reset_flags)."""
     rows, dim = x.shape
     out = torch.empty_like(x)
     block_d = triton.next_power_of_2(dim)

@@ -46,7 +46,7 @@ def scale_row(x, rstd, weight):
 
 
 @triton.jit
-def _normalize(x, weight_ptr, cols, eps, D: tl.constexpr):
+def normalize_rows(x, weight_ptr, cols, eps, D: tl.constexpr):
     """x [rows, BLOCK_D] in its dtype -> rms_norm(x) * weight in fp32, the scaled row rounded to x's dtype."""
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=1) / D + eps)
@@ -75,13 +75,13 @@ def _rms_norm_kernel(
         x_offsets = (token * stride_xt + head * stride_xh)[:, None] + cols[None, :] * stride_xd
         x = tl.load(x_ptr + x_offsets, mask=mask, other=0.0)
     if X_NORM:
-        x = _normalize(x, x_weight_ptr, cols, x_eps, D).to(x_ptr.dtype.element_ty)
+        x = normalize_rows(x, x_weight_ptr, cols, x_eps, D).to(x_ptr.dtype.element_ty)
     if HAS_RESIDUAL:
         r_offsets = (token * stride_rt + head * stride_rh)[:, None] + cols[None, :] * stride_rd
         residual = tl.load(residual_ptr + r_offsets, mask=mask, other=0.0)
         x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
         tl.store(residual_out_ptr + r_offsets, x, mask=mask)
-    out = _normalize(x, weight_ptr, cols, eps, D).to(out_ptr.dtype.element_ty)
+    out = normalize_rows(x, weight_ptr, cols, eps, D).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rows[:, None] * D + cols[None, :], out, mask=mask)
     if QUANTIZE:
         runs = tl.reshape(out.to(tl.float32), [BLOCK_D // 32, 32])
