@@ -13,8 +13,8 @@ take go to NCCL. The kernel is captured in CUDA graphs like any other. NVLink mu
 not used, so torch is told not to set it up (TORCH_SYMM_MEM_DISABLE_MULTICAST, unless already set).
 
 The same memory serves a second kernel, kernels/all_reduce_rms_norm.py: the all-reduce of a row-parallel layer's
-output fused with the residual add and RMSNorm after it (`add_rms_norm`), in a buffer and flags of its own. It is
-on where every rank has WICK_FUSED_ALL_REDUCE_NORM=1: it has run on one GPU (ranks as streams), not yet on two.
+output fused with the residual add and RMSNorm after it (`add_rms_norm`), in a buffer and flags of its own.
+WICK_FUSED_ALL_REDUCE_NORM=0 (on any rank) turns it off for every rank.
 
 Set WICK_SYMM_ALL_REDUCE=0 to use NCCL for every size.
 """
@@ -104,7 +104,7 @@ def init_symm_all_reduce(group: dist.ProcessGroup, control: dist.ProcessGroup, d
     world = group.size()
     max_bytes = _MAX_BYTES.get(world, _MAX_BYTES_MANY)
     reducer, reason = None, None
-    fuse_norm = torch.tensor([int(os.environ.get("WICK_FUSED_ALL_REDUCE_NORM", "0") == "1")])
+    fuse_norm = torch.tensor([int(os.environ.get("WICK_FUSED_ALL_REDUCE_NORM", "1") != "0")])
     dist.all_reduce(fuse_norm, op=dist.ReduceOp.MIN, group=control)  # every rank makes the norm's memory, or none
     if os.environ.get("WICK_SYMM_ALL_REDUCE", "1") == "0":
         reason = "WICK_SYMM_ALL_REDUCE=0"
