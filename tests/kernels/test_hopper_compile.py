@@ -111,12 +111,12 @@ VARIANTS = {
                                              ("gated, tail, tma", True, 1, 32, True))},
     **{f"moe align {kernel}": (
         f"wick.kernels.moe_align:{kernel}",
-        {arg: "*i32" for arg in ("ids_ptr", "counts_ptr", "rank_ptr", "offsets_ptr", "starts_ptr", "block_expert_ptr",
+        {arg: "*i32" for arg in ("ids_ptr", "counts_ptr", "rank_ptr", "offsets_ptr", "totals_ptr", "block_expert_ptr",
                                  "num_padded_ptr", "sorted_ids_ptr")},
-        {"E": 128, **extra})
-       for kernel, extra in (("_count_chunks_kernel", {"E_PAD": 128, "CHUNK": 64}),
-                             ("_place_pairs_kernel", {"CHUNK": 64}),
-                             ("_expert_offsets_kernel", {"E_PAD": 128, "ROWS": 64, "BLOCK_M": 128}))},
+        extra)
+       for kernel, extra in (("_count_chunks_kernel", {"E": 128, "E_PAD": 128, "CHUNK": 64}),
+                             ("_chunk_offsets_kernel", {"BLOCK": 1024}),
+                             ("_place_pairs_kernel", {"E": 128, "E_PAD": 128, "CHUNK": 64, "BLOCK_M": 128}))},
 }
 
 CHILD = """
