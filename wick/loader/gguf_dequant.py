@@ -131,21 +131,28 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
     return q.reshape(n, 16, 16).float().mul_(d).reshape(n, QK_K)
 
 
-def affine_4bit_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_0, Q4_1 or Q4_K blocks [n, type_size] as their 4-bit codes [n, block] (uint8) and each 32 codes'
-    scale and offset [n, block // 32] (float32): weight = code * scale + offset."""
+def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_0, Q4_1, Q4_K (4-bit codes) or Q5_0, Q5_1, Q5_K (5-bit) blocks [n, type_size] as their codes [n, block]
+    (uint8) and each 32 codes' scale and offset [n, block // 32] (float32): weight = code * scale + offset."""
     n = blocks.shape[0]
-    if qtype == GGMLQuantizationType.Q4_0:
+    if qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0):
         scale = _f16(blocks, 0)
-        return _low_high_nibbles(blocks[:, 2:18]), scale, scale * -8
+        if qtype == GGMLQuantizationType.Q4_0:
+            return _low_high_nibbles(blocks[:, 2:18]), scale, scale * -8
+        return _low_high_nibbles(blocks[:, 6:22]) | (_fifth_bits(blocks[:, 2:6]) << 4), scale, scale * -16
     if qtype == GGMLQuantizationType.Q4_1:
         return _low_high_nibbles(blocks[:, 4:20]), _f16(blocks, 0), _f16(blocks, 2)
-    if qtype == GGMLQuantizationType.Q4_K:
-        codes = _split_bits(blocks[:, 16:144].reshape(n, 4, 32), 4).reshape(n, QK_K)
+    if qtype == GGMLQuantizationType.Q5_1:
+        return _low_high_nibbles(blocks[:, 8:24]) | (_fifth_bits(blocks[:, 4:8]) << 4), _f16(blocks, 0), _f16(blocks, 2)
+    if qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K):
+        low = 144 if qtype == GGMLQuantizationType.Q4_K else 176
+        codes = _split_bits(blocks[:, low - 128:low].reshape(n, 4, 32), 4).reshape(n, 8, 32)
+        if qtype == GGMLQuantizationType.Q5_K:
+            codes |= _split_bits(blocks[:, 16:48], 1) << 4
         scales, mins = _k_scales_mins(blocks[:, 4:16])
-        return codes, _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float() * -1
-    raise ValueError(f"{qtype.name} is not a 4-bit affine GGUF type")
+        return codes.reshape(n, QK_K), _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float() * -1
+    raise ValueError(f"{qtype.name} is not an affine 4- or 5-bit GGUF type")
 
 
 def q8_0_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,6 +14,7 @@ from wick.layers.moe.fused_moe import FusedMoE
 from wick.layers.quantization.base import QuantizationConfig
 from wick.layers.vocab_embedding import ParallelLMHead
 from wick.loader.dummy import initialize_dummy_weights
+from wick.loader.file_pages import trim_heap
 from wick.loader.gguf_loader import close_gguf_readers, iter_gguf_weights
 from wick.loader.model_source import ModelSource
 from wick.loader.safetensors_loader import count_safetensors_tensors, iter_safetensors_weights
@@ -39,6 +40,8 @@ def load_weights(model: nn.Module, source: ModelSource, seed: int = 0, show_prog
             close_gguf_readers()
     process_weights_after_loading(model)
     device = next(model.parameters()).device
+    if device.type == "cpu":
+        trim_heap()
     name = quant_config.describe() if quant_config is not None else _weights_dtype(model)
     logger.info("weights: %s, %.2f GiB on %s", name, weights_nbytes(model) / (1 << 30), device)
 

@@ -71,25 +71,40 @@ def test_gate_up_shards(types: tuple[GGMLQuantizationType, ...], joint: type | N
     _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(gate), reference(up)]).t())
 
 
+def test_4_and_5_bit_shards_run_as_one_kernel_of_two_planes() -> None:
+    """q in Q4_K, k and v in Q5_0 and Q5_1: the 4-bit rows' fifth-bit plane is zeros."""
+    shards = {"q": random_gguf(T.Q4_K, 128, 256, 1), "k": random_gguf(T.Q5_0, 64, 256, 2),
+              "v": random_gguf(T.Q5_1, 64, 256, 3)}
+    layer = packed_qkv(shards, torch.zeros(256))
+    assert isinstance(layer.cpu_kernel, Int4Weight) and len(layer.cpu_kernel.packed) == 2
+    assert len(random_gguf(T.Q4_K, 64, 256).with_cpu_kernel().cpu_kernel.packed) == 1
+    x = torch.randn(5, 256)
+    _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(w) for w in shards.values()]).t())
+
+
 def test_types_and_shapes_without_a_kernel_keep_the_float32_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert random_gguf(T.Q5_0, 64, 256).with_cpu_kernel().cpu_kernel is None
+    assert random_gguf(T.Q6_K, 64, 256).with_cpu_kernel().cpu_kernel is None
     assert random_gguf(T.Q4_K, 40, 256).with_cpu_kernel().cpu_kernel is None  # int4 tiles are 16 rows
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
     assert random_gguf(T.Q4_1, 64, 256).with_cpu_kernel().cpu_kernel is None
 
 
 @pytest.mark.slow
-def test_default_model_follows_the_float32_path(smollm2_gguf: str, smollm2_tokenizer: PreTrainedTokenizerBase,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    """bfloat16 may only swap near-ties: the argmax agrees at nearly every position of real text, and where it
+@pytest.mark.parametrize("name", ["smollm2_gguf", "qwen_gguf"])
+def test_models_follow_the_float32_path(name: str, request: pytest.FixtureRequest,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default model (Q4_1 in the int4 kernel) and Qwen2.5-Coder-0.5B (mostly Q5_0, in two planes of it):
+    bfloat16 may only swap near-ties: the argmax agrees at nearly every position of real text, and where it
     does not, the float32 path's two best logits are within 0.1 and the kernels chose the other of them."""
-    ids = smollm2_tokenizer(TEXT)["input_ids"]
-    fast = _model(smollm2_gguf, packed=True)
+    path = request.getfixturevalue(name)
+    tokenizer: PreTrainedTokenizerBase = request.getfixturevalue(name.replace("_gguf", "_tokenizer"))
+    ids = tokenizer(TEXT)["input_ids"]
+    fast = _model(path, packed=True)
     assert isinstance(fast.model.layers[0].mlp.gate_up_proj.cpu_kernel, Int4Weight)
     assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)
     got = _teacher_forced_logits(fast, ids)
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
-    expected = _teacher_forced_logits(_model(smollm2_gguf, packed=True), ids)
+    expected = _teacher_forced_logits(_model(path, packed=True), ids)
     agree = got.argmax(-1) == expected.argmax(-1)
     assert agree.float().mean() >= 0.95
     best = expected.topk(2, dim=-1)

@@ -2,7 +2,9 @@
 
 Dequantizing a packed weight in every forward costs several passes over a float32 copy of it (the default
 model decoded 4.6 tokens/s so, llama.cpp 79 on the same two cores). Q4_0, Q4_1 and Q4_K are 4-bit codes with
-a scale and an offset per 32 weights: the layout of `_weight_int4pack_mm_for_cpu` with groups of 32. Q8_0 is
+a scale and an offset per 32 weights: the layout of `_weight_int4pack_mm_for_cpu` with groups of 32. Q5_0, Q5_1
+and Q5_K are 5-bit codes so: two such weights, one of the codes' low four bits and one of their fifth bit (times
+16), whose products are added (Qwen2.5-Coder-0.5B's Q4_K_M file holds most of its weights in Q5_0). Q8_0 is
 int8 codes with a scale per 32: one `_weight_int8pack_mm` per group of 32 columns, summed in float32. Both
 kernels take bfloat16 inputs, scales and offsets and accumulate in float32, so a result is the file's weights'
 up to bfloat16 rounding of those (llama.cpp itself rounds the inputs to 8 bits). Other types keep the
@@ -17,10 +19,11 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from wick.loader.file_pages import release_file_pages
-from wick.loader.gguf_dequant import affine_4bit_codes, q8_0_codes
+from wick.loader.gguf_dequant import affine_codes, q8_0_codes
 
 _GROUP = 32
-_INT4_TYPES = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K})
+_FIVE_BIT_TYPES = frozenset({GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q5_K})
+_INT4_TYPES = _FIVE_BIT_TYPES | {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
 CPU_KERNEL_TYPES = _INT4_TYPES | {GGMLQuantizationType.Q8_0}
 # Rows converted at once (whole tiles of 64, see Int4Weight.takes): a bound on the int32 codes the packing takes.
 _CONVERT_ROWS = 4096
@@ -39,21 +42,29 @@ Piece = tuple[torch.Tensor, GGMLQuantizationType, tuple[int, int]]
 
 
 class Int4Weight:
-    """Q4_0 / Q4_1 / Q4_K pieces, their rows stacked, in the int4 CPU kernel's layout."""
+    """Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K pieces, their rows stacked, in the int4 CPU kernel's layout: one weight
+    of the codes, or where a piece has 5-bit codes two, of the low four bits and of the fifth."""
 
     def __init__(self, pieces: list[Piece]) -> None:
-        packed, scales_and_zeros = [], []
+        planes = 2 if any(qtype in _FIVE_BIT_TYPES for _, qtype, _ in pieces) else 1
+        packed: list[list[torch.Tensor]] = [[] for _ in range(planes)]
+        scales_and_zeros: list[list[torch.Tensor]] = [[] for _ in range(planes)]
         for data, qtype, (rows, columns) in pieces:
             for start in range(0, rows, _CONVERT_ROWS):
                 size = min(_CONVERT_ROWS, rows - start)
-                codes, scales, offsets = affine_4bit_codes(_blocks(data.narrow(0, start, size), qtype), qtype)
-                packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-                    codes.reshape(size, columns).to(torch.int32), 1))
+                codes, scales, offsets = affine_codes(_blocks(data.narrow(0, start, size), qtype), qtype)
+                codes = codes.reshape(size, columns).to(torch.int32)
                 scales, offsets = scales.reshape(size, -1), offsets.reshape(size, -1)
-                # The kernel computes (code - 8) * scale + zero.
-                scales_and_zeros.append(torch.stack([scales, offsets + 8 * scales], dim=-1))
-        self.packed = torch.cat(packed)
-        self.scales_and_zeros = torch.cat(scales_and_zeros).transpose(0, 1).to(torch.bfloat16).contiguous()
+                # code * scale + offset = (code & 15) * scale + offset + (code >> 4) * 16 * scale
+                parts = [(codes & 15, scales, offsets), (codes >> 4, scales * 16, torch.zeros_like(offsets))]
+                for plane, (plane_codes, plane_scales, plane_offsets) in enumerate(parts[:planes]):
+                    packed[plane].append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(plane_codes, 1))
+                    # The kernel computes (code - 8) * scale + zero.
+                    scales_and_zeros[plane].append(torch.stack([plane_scales, plane_offsets + 8 * plane_scales],
+                                                               dim=-1))
+        self.packed = [torch.cat(plane) for plane in packed]
+        self.scales_and_zeros = [torch.cat(plane).transpose(0, 1).to(torch.bfloat16).contiguous()
+                                 for plane in scales_and_zeros]
 
     @staticmethod
     def takes(pieces: list[Piece]) -> bool:
@@ -63,10 +74,14 @@ class Int4Weight:
         return rows[-1] % 16 == 0 and all(r % 64 == 0 for r in rows[:-1])
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.packed, self.scales_and_zeros]
+        return [*self.packed, *self.scales_and_zeros]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(_flat_bf16(x), self.packed, _GROUP, self.scales_and_zeros)
+        flat = _flat_bf16(x)
+        out = None
+        for packed, scales_and_zeros in zip(self.packed, self.scales_and_zeros, strict=True):
+            plane = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, packed, _GROUP, scales_and_zeros).float()
+            out = plane if out is None else out.add_(plane)
         return out.to(x.dtype).reshape(*x.shape[:-1], -1)
 
 
