@@ -155,6 +155,15 @@ def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
     raise ValueError(f"{qtype.name} is not an affine 4- or 5-bit GGUF type")
 
 
+def q6_k_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q6_K blocks [n, 210] as their codes [n, 256] (int8, -32..31) and each 16 codes' scale [n, 16] (float32)."""
+    n = blocks.shape[0]
+    low = _split_bits(blocks[:, :128].reshape(n, 2, 64), 4).reshape(n, 2, 4, 32)
+    high = _split_bits(blocks[:, 128:192].reshape(n, 2, 32), 2)
+    codes = ((low | (high << 4)).view(torch.int8) - 32).reshape(n, QK_K)
+    return codes, _f16(blocks, 208) * blocks[:, 192:208].view(torch.int8).float()
+
+
 def q8_0_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q8_0 blocks [n, 34] as their codes [n, 32] (int8) and scales [n, 1] (float32)."""
     return blocks[:, 2:34].view(torch.int8), _f16(blocks, 0)

@@ -28,7 +28,7 @@ def cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> None:
     weight = random_gguf(qtype, 4160, 512, seed=3)  # more rows than one conversion chunk
     kernel = weight.with_cpu_kernel()
-    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype == T.Q8_0 else Int4Weight)
+    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype in (T.Q8_0, T.Q6_K) else Int4Weight)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     expected = x.bfloat16().float() @ reference(weight).t()
     got = gguf_linear(x, kernel)
@@ -53,8 +53,8 @@ def test_qkv_shards_of_4_bit_types_run_as_one_kernel() -> None:
     _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(w) for w in shards.values()]).t() + bias)
 
 
-@pytest.mark.parametrize(("types", "joint"), [((T.Q8_0, T.Q8_0), Int8Weight), ((T.Q4_K, T.Q6_K), None)],
-                         ids=["q8_0", "q4_k+q6_k"])
+@pytest.mark.parametrize(("types", "joint"), [((T.Q8_0, T.Q8_0), Int8Weight), ((T.Q6_K, T.Q6_K), Int8Weight),
+                                              ((T.Q4_K, T.Q6_K), None)], ids=["q8_0", "q6_k", "q4_k+q6_k"])
 def test_gate_up_shards(types: tuple[GGMLQuantizationType, ...], joint: type | None) -> None:
     with quantization_scope(GGUFConfig()):
         layer = MergedColumnParallelLinear(256, [48, 64])
@@ -62,9 +62,9 @@ def test_gate_up_shards(types: tuple[GGMLQuantizationType, ...], joint: type | N
     layer.weight.weight_loader(layer.weight, gate, 0)
     layer.weight.weight_loader(layer.weight, up, 1)
     layer.quant_method.process_weights_after_loading(layer)
-    if joint is None:  # each shard its own: the Q4_K one by the int4 kernel, the Q6_K one dequantized
+    if joint is None:  # each shard its own: the Q4_K one by the int4 kernel, the Q6_K one by the int8 one
         assert layer.cpu_kernel is None
-        assert [type(part.cpu_kernel) for part in layer.gguf_parts] == [Int4Weight, type(None)]
+        assert [type(part.cpu_kernel) for part in layer.gguf_parts] == [Int4Weight, Int8Weight]
     else:
         assert isinstance(layer.cpu_kernel, joint)
     x = torch.randn(3, 256)
@@ -83,7 +83,7 @@ def test_4_and_5_bit_shards_run_as_one_kernel_of_two_planes() -> None:
 
 
 def test_types_and_shapes_without_a_kernel_keep_the_float32_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert random_gguf(T.Q6_K, 64, 256).with_cpu_kernel().cpu_kernel is None
+    assert random_gguf(T.Q3_K, 64, 256).with_cpu_kernel().cpu_kernel is None
     assert random_gguf(T.Q4_K, 40, 256).with_cpu_kernel().cpu_kernel is None  # int4 tiles are 16 rows
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
     assert random_gguf(T.Q4_1, 64, 256).with_cpu_kernel().cpu_kernel is None
