@@ -39,6 +39,22 @@ def _fifth_bits(qh: torch.Tensor) -> torch.Tensor:
     return ((qh.unsqueeze(-1) >> shifts) & 1).reshape(qh.shape[0], -1)
 
 
+def _q5_codes(qs: torch.Tensor, qh: torch.Tensor) -> torch.Tensor:
+    """Q5_0 / Q5_1 codes [n, 32] (uint8): the low nibbles of qs [n, 16] and the fifth bits of qh [n, 4]."""
+    return _low_high_nibbles(qs) | (_fifth_bits(qh) << 4)
+
+
+def _k_codes(b: torch.Tensor, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """Q4_K or Q5_K blocks' codes [n, 8, 32] (uint8): 32 bytes of low then high nibbles per 64 codes, and Q5_K's
+    fifth bits as eight bit planes of 32."""
+    n = b.shape[0]
+    low = 144 if qtype == GGMLQuantizationType.Q4_K else 176
+    codes = _split_bits(b[:, low - 128:low].reshape(n, 4, 32), 4).reshape(n, 8, 32)
+    if qtype == GGMLQuantizationType.Q5_K:
+        codes |= _split_bits(b[:, 16:48], 1) << 4
+    return codes
+
+
 # The decoders convert the integer codes to float32 once and finish in place on that copy: the
 # tensors can be hundreds of megabytes, and each fresh temporary costs as much as the arithmetic.
 
@@ -52,13 +68,11 @@ def _q4_1(b: torch.Tensor) -> torch.Tensor:
 
 
 def _q5_0(b: torch.Tensor) -> torch.Tensor:
-    q = _low_high_nibbles(b[:, 6:22]) | (_fifth_bits(b[:, 2:6]) << 4)
-    return q.float().sub_(16).mul_(_f16(b, 0))
+    return _q5_codes(b[:, 6:22], b[:, 2:6]).float().sub_(16).mul_(_f16(b, 0))
 
 
 def _q5_1(b: torch.Tensor) -> torch.Tensor:
-    q = _low_high_nibbles(b[:, 8:24]) | (_fifth_bits(b[:, 4:8]) << 4)
-    return q.float().mul_(_f16(b, 0)).add_(_f16(b, 2))
+    return _q5_codes(b[:, 8:24], b[:, 4:8]).float().mul_(_f16(b, 0)).add_(_f16(b, 2))
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
@@ -107,28 +121,17 @@ def _k_affine(b: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def _q4_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    # 32 bytes per 64 elements: low nibbles first, then high nibbles.
-    q = _split_bits(b[:, 16:144].reshape(n, 4, 32), 4).reshape(n, 8, 32)
-    return _k_affine(b, q)
+    return _k_affine(b, _k_codes(b, GGMLQuantizationType.Q4_K))
 
 
 def _q5_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    low = _split_bits(b[:, 48:176].reshape(n, 4, 32), 4).reshape(n, 8, 32)
-    high = _split_bits(b[:, 16:48], 1)
-    return _k_affine(b, low | (high << 4))
+    return _k_affine(b, _k_codes(b, GGMLQuantizationType.Q5_K))
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
     n = b.shape[0]
-    # Per 128-element half: 64 bytes of low nibbles (two planes each) and 32 bytes of 2-bit highs.
-    low = _split_bits(b[:, :128].reshape(n, 2, 64), 4).reshape(n, 2, 4, 32)
-    high = _split_bits(b[:, 128:192].reshape(n, 2, 32), 2)
-    q = (low | (high << 4)).view(torch.int8) - 32
-    scales = b[:, 192:208].view(torch.int8).float()
-    d = (_f16(b, 208) * scales).unsqueeze(-1)
-    return q.reshape(n, 16, 16).float().mul_(d).reshape(n, QK_K)
+    codes, scales = q6_k_codes(b)
+    return codes.reshape(n, 16, 16).float().mul_(scales.unsqueeze(-1)).reshape(n, QK_K)
 
 
 def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
@@ -140,23 +143,21 @@ def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
         scale = _f16(blocks, 0)
         if qtype == GGMLQuantizationType.Q4_0:
             return _low_high_nibbles(blocks[:, 2:18]), scale, scale * -8
-        return _low_high_nibbles(blocks[:, 6:22]) | (_fifth_bits(blocks[:, 2:6]) << 4), scale, scale * -16
+        return _q5_codes(blocks[:, 6:22], blocks[:, 2:6]), scale, scale * -16
     if qtype == GGMLQuantizationType.Q4_1:
         return _low_high_nibbles(blocks[:, 4:20]), _f16(blocks, 0), _f16(blocks, 2)
     if qtype == GGMLQuantizationType.Q5_1:
-        return _low_high_nibbles(blocks[:, 8:24]) | (_fifth_bits(blocks[:, 4:8]) << 4), _f16(blocks, 0), _f16(blocks, 2)
+        return _q5_codes(blocks[:, 8:24], blocks[:, 4:8]), _f16(blocks, 0), _f16(blocks, 2)
     if qtype in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K):
-        low = 144 if qtype == GGMLQuantizationType.Q4_K else 176
-        codes = _split_bits(blocks[:, low - 128:low].reshape(n, 4, 32), 4).reshape(n, 8, 32)
-        if qtype == GGMLQuantizationType.Q5_K:
-            codes |= _split_bits(blocks[:, 16:48], 1) << 4
         scales, mins = _k_scales_mins(blocks[:, 4:16])
-        return codes.reshape(n, QK_K), _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float() * -1
+        codes = _k_codes(blocks, qtype).reshape(n, QK_K)
+        return codes, _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float() * -1
     raise ValueError(f"{qtype.name} is not an affine 4- or 5-bit GGUF type")
 
 
 def q6_k_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q6_K blocks [n, 210] as their codes [n, 256] (int8, -32..31) and each 16 codes' scale [n, 16] (float32)."""
+    """Q6_K blocks [n, 210] as their codes [n, 256] (int8, -32..31) and each 16 codes' scale [n, 16] (float32):
+    per 128 codes, 64 bytes of low nibbles (two planes each) and 32 bytes of 2-bit highs."""
     n = blocks.shape[0]
     low = _split_bits(blocks[:, :128].reshape(n, 2, 64), 4).reshape(n, 2, 4, 32)
     high = _split_bits(blocks[:, 128:192].reshape(n, 2, 32), 2)
