@@ -106,7 +106,8 @@ class Int8Weight:
             scales.append(piece_scales.reshape(rows, -1, self.runs).permute(1, 2, 0))
         self.codes = torch.cat(codes, dim=1)
         self.scales = torch.cat(scales, dim=2).to(torch.bfloat16).contiguous()
-        self.ones = torch.ones(self.codes.shape[1], dtype=torch.bfloat16)
+        # Q6_K's runs are scaled after the kernel, which takes scales of 1 (Q8_0's calls take their own).
+        self.ones = torch.ones(self.codes.shape[1], dtype=torch.bfloat16) if six_bit else None
 
     @staticmethod
     def takes(pieces: list[Piece]) -> bool:
