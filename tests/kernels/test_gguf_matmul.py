@@ -11,7 +11,8 @@ from gguf import GGMLQuantizationType
 
 from wick.kernels import gguf_matmul as gguf_matmul_module
 from wick.kernels.gemv_split import _arrival_counts as arrival_counts
-from wick.kernels.gguf_int8_gemv import _int8_gemv, _k_q8_gemv_kernel, _q4_k_q8_tma_gemv_kernel, runs_int8_gemv
+from wick.kernels.gguf_int8_gemv import _int8_gemv, runs_int8_gemv
+from wick.kernels.gguf_k_gemv import _k_q8_gemv_kernel, _q4_k_q8_tma_gemv_kernel
 from wick.kernels.gguf_matmul import (
     GEMV_MAX_ROWS,
     TRITON_TYPES,

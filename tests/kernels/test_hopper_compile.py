@@ -67,7 +67,7 @@ VARIANTS = {
         {"x_ptr": "*bf16", "out_ptr": "*bf16", "q_ptr": "*i8", "d_ptr": "*fp32", "s_ptr": "*fp32"},
         {"ACT": 0, "BLOCK": 1024, "QUANTIZE": True, "INTERLEAVE": True, "PDL": 2}),
     **{f"int8 gemv {name}": (
-        f"wick.kernels.gguf_int8_gemv:{kernel}",
+        f"wick.kernels.gguf_k_gemv:{kernel}",
         {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "w_ptr": "*u8", "out_ptr": "*bf16",
          "work_ptr": "*fp32", "counts_ptr": "*i32", "experts_ptr": "*i64"},
         {"BLOCK_N": 8, "BLOCK_B": 2, "SPLIT": True, "DP4A": True, "EXPERTS": False, "X_ROW_DIV": 1, "PDL": 1,
@@ -75,7 +75,7 @@ VARIANTS = {
        for name, kernel, extra in (("q4_k", "_k_q8_gemv_kernel", {"FIFTH_BIT": False}),
                                    ("iq4_xs", "_iq4_xs_q8_gemv_kernel", {}))},
     **{f"int8 gemv by tma, q4_k{', experts' if experts else ''}": (
-        "wick.kernels.gguf_int8_gemv:_q4_k_q8_tma_gemv_kernel",
+        "wick.kernels.gguf_k_gemv:_q4_k_q8_tma_gemv_kernel",
         {"xq_ptr": "*i8", "xd_ptr": "*fp32", "xs_ptr": "*fp32", "head_desc": "tensordesc<i32[8, 4, 4]>",
          "codes_desc": "tensordesc<i32[8, 4, 32]>", "out_ptr": "*bf16", "work_ptr": "*fp32", "counts_ptr": "*i32",
          "experts_ptr": "*i64"},
