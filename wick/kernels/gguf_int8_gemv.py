@@ -44,6 +44,9 @@ Q5_K_GEMV_CONFIG = Q4_K_GEMV_CONFIG
 # in the model (347.6 against 350.4 tok/s): Q5_K keeps the kernel above.
 Q4_K_TMA_GEMV_CONFIG = (8, 4, 2, 32)
 Q4_K_TMA_STAGES = 3
+# Fewer rows a program than this fault on an H200 (misaligned address: 1, 2 and 4 rows with one block a step, 1 row
+# with four); such tiles take the kernel above.
+Q4_K_TMA_MIN_ROWS = 8
 # The same for the Q3_K GEMV.
 Q3_K_GEMV_CONFIG = (4, 1, 1, 16)
 # The same for the Q6_K GEMV.
@@ -176,6 +179,8 @@ def launch_int8_gemv(x: torch.Tensor | Int8Rows, data: torch.Tensor, qtype: GGML
     k = xq.shape[1]
     block_n, block_b, warps, split_warps = gemv_config or default
     block_n = fit_grid_rows(n, block_n)
+    if kernel is _q4_k_q8_tma_gemv_kernel and block_n < Q4_K_TMA_MIN_ROWS:
+        kernel, options = _k_q8_gemv_kernel, {"FIFTH_BIT": False}
     while (k // 256) % block_b:
         block_b //= 2
     grid = (m, triton.cdiv(n, block_n))
