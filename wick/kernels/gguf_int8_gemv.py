@@ -45,7 +45,7 @@ Q5_K_GEMV_CONFIG = Q4_K_GEMV_CONFIG
 Q4_K_TMA_GEMV_CONFIG = (8, 4, 2, 32)
 Q4_K_TMA_STAGES = 3
 # Fewer rows a program than this fault on an H200 (misaligned address: 1, 2 and 4 rows with one block a step, 1 row
-# with four); such tiles take the kernel above.
+# with four); such tiles take _k_q8_gemv_kernel.
 Q4_K_TMA_MIN_ROWS = 8
 # The same for the Q3_K GEMV.
 Q3_K_GEMV_CONFIG = (4, 1, 1, 16)
@@ -81,9 +81,9 @@ def _q8_0_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, count
     eight blocks (256 columns) a step. A 34-byte block (fp16 d, 32 int8 codes) is 2-byte aligned, so its code words
     are read as pairs of 16-bit halves. dp4a takes unsigned codes: q + 128 (the sign bit flipped), and 128 times
     the run's sum of x (xs) comes back off. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS groups from group
-    s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV, PDL)
+                                                   EXPERTS, X_ROW_DIV, PDL)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_halves
     j = tl.arange(0, 8)
@@ -126,9 +126,9 @@ def _q4_q5_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, coun
     meets x's words i and 4 + i; element e's fifth bit is bit e of the fifth-bit word. Q4_0 and Q5_0 are w = d (q - 8)
     and d (q - 16): 8 or 16 times the run's sum of x (xs) comes back off; Q4_1 and Q5_1 are w = d q + m: m xs comes
     on; IQ4_NL is w = d IQ4_LEVELS[q], the levels signed bytes for dp4a. Where SPLIT, program (.., .., s) takes
-    SPLIT_BLOCKS groups from group s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    SPLIT_BLOCKS groups from group s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV, PDL)
+                                                   EXPERTS, X_ROW_DIV, PDL)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     codes_at: tl.constexpr = BLOCK_HALVES - 8
     offset: tl.constexpr = 0.0 if HAS_MIN else 16.0 if FIFTH_BIT else 8.0

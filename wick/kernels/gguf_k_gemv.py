@@ -57,9 +57,9 @@ def _k_q8_gemv_kernel(xq_ptr, xd_ptr, xs_ptr, w_ptr, out_ptr, work_ptr, counts_p
     dp4a. Q5_K's fifth bits of the elements 32s + 4i + b are bit s of byte b of its fifth-bit word i, so one word
     a step serves all eight sub-blocks. A sub-block's integer sum then takes its scales once. Where SPLIT,
     program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS (gemv_split.py). EXPERTS and
-    X_ROW_DIV as in _gemv_rows."""
+    X_ROW_DIV as in gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV, PDL)
+                                                   EXPERTS, X_ROW_DIV, PDL)
     words = w_ptr.to(tl.pointer_type(tl.int32))
     block_words: tl.constexpr = 44 if FIFTH_BIT else 36
     low_bits: tl.constexpr = 12 if FIFTH_BIT else 4
@@ -151,9 +151,9 @@ def _q6_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr, e
     [row, h, p2, p1, g, w] with i = 4g + w, so each ql word is read once for both its nibbles and a scale group
     of 16 elements is one (g) of them. The codes are unsigned (q + 32): a group's dot takes 32 times its sum of
     x back. Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and
-    X_ROW_DIV as in _gemv_rows."""
+    X_ROW_DIV as in gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV, PDL)
+                                                   EXPERTS, X_ROW_DIV, PDL)
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None, None]
     two = tl.arange(0, 2)
@@ -202,9 +202,9 @@ def _q2_q3_k_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr
     are indexed [row, h, p, g, w] with i = 4g + w, so a scale group of 16 elements is one (h, p, g). Q3_K's codes
     are unsigned (q + 4): a group's dot takes 4 times its sum of x back. Q2_K's group is w = d sc q - dmin m with
     its scale byte's low nibble sc and high one m: m times the group's sum of x comes off. Where SPLIT, program
-    (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in _gemv_rows."""
+    (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV as in gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV, PDL)
+                                                   EXPERTS, X_ROW_DIV, PDL)
     block_halves: tl.constexpr = 42 if Q2_K else 55
     halves = w_ptr.to(tl.pointer_type(tl.uint16))
     row_base = (tl.where(n_mask, rows, 0).to(tl.int64) * row_halves)[:, None, None, None, None]
@@ -260,9 +260,9 @@ def _iq4_xs_q8_gemv_kernel(xq_ptr, xd_ptr, w_ptr, out_ptr, work_ptr, counts_ptr,
     scales, word 1 their low nibbles, then sub-block s (32 elements) is words 2 + 4s .. 5 + 4s, IQ4_NL's 16 bytes
     of codes (element l in the low nibble of byte l, 16 + l in the high one): w = d (scale - 32) IQ4_LEVELS[q].
     Where SPLIT, program (.., .., s) takes SPLIT_BLOCKS blocks from block s * SPLIT_BLOCKS. EXPERTS and X_ROW_DIV
-    as in _gemv_rows."""
+    as in gemv_rows."""
     w_ptr, x_words, runs, rows, n_mask = gemv_rows(w_ptr, xq_ptr, experts_ptr, expert_bytes, N, K, BLOCK_N,
-                                                    EXPERTS, X_ROW_DIV, PDL)
+                                                   EXPERTS, X_ROW_DIV, PDL)
     words = w_ptr.to(tl.pointer_type(tl.int32))
     row_base = tl.where(n_mask, rows, 0).to(tl.int64) * row_words
     sub = tl.arange(0, 8)
