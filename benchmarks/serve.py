@@ -31,7 +31,7 @@ from typing import Any
 from benchmarks.common import environment
 from benchmarks.serve_client import Load, run_load
 from benchmarks.serve_metrics import RequestResult, ServeMetrics
-from benchmarks.server_process import WickServer, cpu_seconds
+from benchmarks.server_process import WickServer, cpu_seconds_since, thread_cpu_ns
 from benchmarks.throughput import add_workload_args, workload
 from wick.loader.model_source import resolve_model
 
@@ -74,11 +74,11 @@ def serve_benchmark(args: argparse.Namespace, base_url: str, prompts: list[list[
     asyncio.run(run_load(base_url, prompts[:len(warmup_lens)], warmup_lens, args.temperature, Load(), args.api_key))
     load = Load(args.request_rate, args.max_concurrency, args.seed)
     pids = server_pids or {}
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    before = {name: thread_cpu_ns(pid) for name, pid in pids.items()}
     cpu = time.process_time()
     results, duration = asyncio.run(run_load(base_url, prompts, output_lens, args.temperature, load, args.api_key))
     shares = {"client": (time.process_time() - cpu) / duration}
-    shares.update({name: (cpu_seconds(pid) - before[name]) / duration for name, pid in pids.items()})
+    shares.update({name: cpu_seconds_since(pid, before[name]) / duration for name, pid in pids.items()})
     return results, duration, shares
 
 
