@@ -74,9 +74,9 @@ def print_environment() -> None:
     print(" | ".join(f"{k} {v}" for k, v in environment().items()))
 
 
-def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
+def random_gguf_blocks(qtype: object, *shape: int, device: str = "cuda") -> torch.Tensor:
     """Random blocks of a quantized GGUF type (`qtype`), uint8 [*shape[:-1], row bytes] for rows of shape[-1] values,
-    on the GPU: random codes and sub-block scales with every float16 field (d, and dmin or m where the type has one)
+    on `device`: random codes and sub-block scales with every float16 field (d, and dmin or m where the type has one)
     1e-3, so that no decoded value overflows."""
     from gguf import GGML_QUANT_SIZES
     from gguf import GGMLQuantizationType as T
@@ -85,8 +85,8 @@ def random_gguf_blocks(qtype: object, *shape: int) -> torch.Tensor:
               T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_NL: (0,), T.IQ4_XS: (0,)}[qtype]
     block, size = GGML_QUANT_SIZES[qtype]
     *rows, columns = shape
-    blocks = torch.randint(0, 256, (*rows, columns // block, size), dtype=torch.uint8, device="cuda")
-    scale = torch.full((*rows, columns // block, 1), 1e-3, dtype=torch.float16, device="cuda").view(torch.uint8)
+    blocks = torch.randint(0, 256, (*rows, columns // block, size), dtype=torch.uint8, device=device)
+    scale = torch.full((*rows, columns // block, 1), 1e-3, dtype=torch.float16, device=device).view(torch.uint8)
     for offset in halves:
         blocks[..., offset:offset + 2] = scale
     return blocks.reshape(*rows, -1)

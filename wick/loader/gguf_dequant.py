@@ -28,6 +28,12 @@ def _split_bits(x: torch.Tensor, width: int) -> torch.Tensor:
     return (x.unsqueeze(-2) >> shifts.unsqueeze(-1)) & ((1 << width) - 1)
 
 
+def _scaled_runs(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """codes [n, block] times scales [n, runs], each scale over its run of block / runs codes: float32 [n, block]."""
+    n, runs = scales.shape
+    return codes.reshape(n, runs, -1).float().mul_(scales.unsqueeze(-1)).reshape(n, -1)
+
+
 def _low_high_nibbles(qs: torch.Tensor) -> torch.Tensor:
     """[n, 16] bytes -> [n, 32] values: the low nibbles give elements 0..15, the high ones 16..31."""
     return _split_bits(qs, 4).reshape(qs.shape[0], -1)
@@ -129,9 +135,7 @@ def _q5_k(b: torch.Tensor) -> torch.Tensor:
 
 
 def _q6_k(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    codes, scales = q6_k_codes(b)
-    return codes.reshape(n, 16, 16).float().mul_(scales.unsqueeze(-1)).reshape(n, QK_K)
+    return _scaled_runs(*q6_k_codes(b))
 
 
 def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
@@ -175,23 +179,33 @@ IQ4_LEVELS = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 8
 
 
 def _iq4_levels(q: torch.Tensor) -> torch.Tensor:
-    levels = torch.tensor(IQ4_LEVELS, dtype=torch.float32, device=q.device)
-    return levels[q.long()]
+    levels = torch.tensor(IQ4_LEVELS, dtype=torch.int8, device=q.device)
+    return levels[q.int()]
+
+
+def iq4_nl_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """IQ4_NL blocks [n, 18] as their levels [n, 32] (int8) and scales [n, 1] (float32)."""
+    return _iq4_levels(_low_high_nibbles(blocks[:, 2:18])), _f16(blocks, 0)
+
+
+def iq4_xs_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """IQ4_XS blocks [n, 136] as their levels [n, 256] (int8) and each 32 levels' scale [n, 8] (float32)."""
+    n = blocks.shape[0]
+    # Eight 6-bit scales: low 4 bits from bytes 4..7 (low then high nibble), top 2 bits from the uint16 at 2.
+    low = _split_bits(blocks[:, 4:8], 4).transpose(1, 2).reshape(n, 8)
+    high_word = blocks[:, 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+    high = (high_word >> (2 * torch.arange(8, device=blocks.device, dtype=torch.int32))) & 3
+    scales = (low.to(torch.int32) | (high << 4)) - 32
+    codes = _split_bits(blocks[:, 8:136].reshape(n, 8, 16), 4).reshape(n, QK_K)
+    return _iq4_levels(codes), _f16(blocks, 0) * scales.float()
 
 
 def _iq4_nl(b: torch.Tensor) -> torch.Tensor:
-    return _iq4_levels(_low_high_nibbles(b[:, 2:18])).mul_(_f16(b, 0))
+    return _scaled_runs(*iq4_nl_codes(b))
 
 
 def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
-    n = b.shape[0]
-    # Eight 6-bit scales: low 4 bits from bytes 4..7 (low then high nibble), top 2 bits from the uint16 at 2.
-    low = _split_bits(b[:, 4:8], 4).transpose(1, 2).reshape(n, 8)
-    high_word = b[:, 2:4].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
-    high = (high_word >> (2 * torch.arange(8, device=b.device, dtype=torch.int32))) & 3
-    scales = (low.to(torch.int32) | (high << 4)) - 32
-    q = _split_bits(b[:, 8:136].reshape(n, 8, 16), 4).reshape(n, 8, 32)
-    return _iq4_levels(q).mul_((_f16(b, 0) * scales.float()).unsqueeze(-1)).reshape(n, QK_K)
+    return _scaled_runs(*iq4_xs_codes(b))
 
 
 _BLOCK_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = {

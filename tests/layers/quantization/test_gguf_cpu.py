@@ -24,11 +24,11 @@ def cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize("qtype", sorted(CPU_KERNEL_TYPES), ids=lambda t: t.name)
-@pytest.mark.parametrize("shape", [(1, 512), (33, 512), (2, 3, 512)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 512), (12, 512), (33, 512), (2, 3, 512)], ids=str)
 def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> None:
     weight = random_gguf(qtype, 4160, 512, seed=3)  # more rows than one conversion chunk
     kernel = weight.with_cpu_kernel()
-    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype in (T.Q8_0, T.Q6_K) else Int4Weight)
+    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype in (T.Q8_0, T.Q6_K, T.IQ4_NL, T.IQ4_XS) else Int4Weight)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     expected = x.bfloat16().float() @ reference(weight).t()
     got = gguf_linear(x, kernel)
@@ -36,6 +36,21 @@ def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, sh
     scale = expected.abs().amax(dim=-1, keepdim=True)
     torch.testing.assert_close(got / scale, expected / scale, rtol=0, atol=2e-2)
     assert (got - expected).abs().mean() < 2e-3 * scale.mean()
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.IQ4_NL, T.IQ4_XS, T.Q6_K], ids=lambda t: t.name)
+def test_int8_weights_multiply_a_prompt_by_their_rows_in_float32(qtype: GGMLQuantizationType) -> None:
+    weight = random_gguf(qtype, 96, 512, seed=5)
+    kernel = weight.with_cpu_kernel().cpu_kernel
+    assert isinstance(kernel, Int8Weight)
+    # the file's weights but for the scales, which the kernel holds in bfloat16 (8 significant bits)
+    torch.testing.assert_close(kernel.dequantized(0, 96), reference(weight), rtol=2**-8, atol=0)
+    torch.testing.assert_close(kernel.dequantized(40, 24), reference(weight)[40:64], rtol=2**-8, atol=0)
+    prompt = torch.randn(kernel.kernel_rows, 512)
+    assert torch.equal(kernel(prompt), prompt @ kernel.dequantized(0, 96).t())
+    step = prompt[:kernel.kernel_rows - 1]  # fewer rows: the int8 kernel, x rounded to bfloat16
+    _assert_bf16_close(kernel(step), step.bfloat16().float() @ kernel.dequantized(0, 96).t())
+    assert not torch.equal(kernel(step), step @ kernel.dequantized(0, 96).t())
 
 
 def _assert_bf16_close(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -54,7 +69,9 @@ def test_qkv_shards_of_4_bit_types_run_as_one_kernel() -> None:
 
 
 @pytest.mark.parametrize(("types", "joint"), [((T.Q8_0, T.Q8_0), Int8Weight), ((T.Q6_K, T.Q6_K), Int8Weight),
-                                              ((T.Q4_K, T.Q6_K), None)], ids=["q8_0", "q6_k", "q4_k+q6_k"])
+                                              ((T.IQ4_XS, T.Q8_0), Int8Weight), ((T.IQ4_NL, T.Q6_K), None),
+                                              ((T.Q4_K, T.Q6_K), None)],
+                         ids=["q8_0", "q6_k", "iq4_xs+q8_0", "iq4_nl+q6_k", "q4_k+q6_k"])
 def test_gate_up_shards(types: tuple[GGMLQuantizationType, ...], joint: type | None) -> None:
     with quantization_scope(GGUFConfig()):
         layer = MergedColumnParallelLinear(256, [48, 64])
@@ -62,9 +79,10 @@ def test_gate_up_shards(types: tuple[GGMLQuantizationType, ...], joint: type | N
     layer.weight.weight_loader(layer.weight, gate, 0)
     layer.weight.weight_loader(layer.weight, up, 1)
     layer.quant_method.process_weights_after_loading(layer)
-    if joint is None:  # each shard its own: the Q4_K one by the int4 kernel, the Q6_K one by the int8 one
+    if joint is None:  # each shard its own: a Q4_K one by the int4 kernel, runs of 32 apart from Q6_K's of 16
         assert layer.cpu_kernel is None
-        assert [type(part.cpu_kernel) for part in layer.gguf_parts] == [Int4Weight, Int8Weight]
+        assert [type(part.cpu_kernel) for part in layer.gguf_parts] == [
+            Int8Weight if types[0] == T.IQ4_NL else Int4Weight, Int8Weight]
     else:
         assert isinstance(layer.cpu_kernel, joint)
     x = torch.randn(3, 256)

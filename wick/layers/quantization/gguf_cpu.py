@@ -5,11 +5,13 @@ model decoded 4.6 tokens/s so, llama.cpp 79 on the same two cores). Q4_0, Q4_1 a
 a scale and an offset per 32 weights: the layout of `_weight_int4pack_mm_for_cpu` with groups of 32. Q5_0, Q5_1
 and Q5_K are 5-bit codes so: two such weights, one of the codes' low four bits and one of their fifth bit (times
 16), whose products are added (Qwen2.5-Coder-0.5B's Q4_K_M file holds most of its weights in Q5_0). Q8_0 is
-int8 codes with a scale per 32: one `_weight_int8pack_mm` per group of 32 columns, summed in float32; Q6_K is
-6-bit codes (int8) with a scale per 16, eight of its runs of 16 a call of the same kernel (Int8Weight). Both
+int8 codes with a scale per 32: one `_weight_int8pack_mm` per group of 32 columns, summed in float32; IQ4_NL and
+IQ4_XS so too, their codes the sixteen non-linear levels (int8, 8 bits a weight where the file has 4.5-4.25); Q6_K
+is 6-bit codes (int8) with a scale per 16, eight of its runs of 16 a call of the same kernel (Int8Weight). Both
 kernels take bfloat16 inputs, scales and offsets and accumulate in float32, so a result is the file's weights'
-up to bfloat16 rounding of those (llama.cpp itself rounds the inputs to 8 bits). Other types keep the
-dequantizing path, as does every type with WICK_CPU_QUANT_KERNELS=0 (float32 throughout, slower).
+up to bfloat16 rounding of those (llama.cpp itself rounds the inputs to 8 bits). Q2_K and Q3_K keep the
+dequantizing path (as int8 codes they would take 3 and 2.3 times their file's bytes), as does every type with
+WICK_CPU_QUANT_KERNELS=0 (float32 throughout, slower).
 """
 
 from __future__ import annotations
@@ -20,12 +22,21 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from wick.loader.file_pages import release_file_pages
-from wick.loader.gguf_dequant import affine_codes, q6_k_codes, q8_0_codes
+from wick.loader.gguf_dequant import affine_codes, iq4_nl_codes, iq4_xs_codes, q6_k_codes, q8_0_codes
 
 _GROUP = 32
 _FIVE_BIT_TYPES = frozenset({GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q5_K})
 _INT4_TYPES = _FIVE_BIT_TYPES | {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
-CPU_KERNEL_TYPES = _INT4_TYPES | {GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q6_K}
+# Types of int8 codes with a scale a run of columns: their blocks' codes and scales; and (run, runs an Int8Weight
+# call, rows of x from which it multiplies by its rows in float32 instead), where not (32, 1, 16). The kernel makes a
+# call a run of 32, or of 8 runs of 16 as 8 rows of x each, and past a few rows of x its calls take longer than
+# dequantizing (benchmarks/cpu_gguf_linear.py).
+_INT8_CODES = {GGMLQuantizationType.Q8_0: q8_0_codes, GGMLQuantizationType.IQ4_NL: iq4_nl_codes,
+               GGMLQuantizationType.IQ4_XS: iq4_xs_codes, GGMLQuantizationType.Q6_K: q6_k_codes}
+_INT8_RUNS = {GGMLQuantizationType.Q6_K: (16, 8, 8)}
+CPU_KERNEL_TYPES = _INT4_TYPES | frozenset(_INT8_CODES)
+# The float32 rows an Int8Weight makes at once.
+_DEQUANT_CHUNK_BYTES = 16 << 20
 # Rows converted at once (whole tiles of 64, see Int4Weight.takes): a bound on the int32 codes the packing takes.
 _CONVERT_ROWS = 4096
 
@@ -87,36 +98,49 @@ class Int4Weight:
 
 
 class Int8Weight:
-    """Q8_0 or Q6_K pieces, their rows stacked, as int8 codes with a scale a run of `run` columns (32 for Q8_0, 16
-    for Q6_K), taken `runs` runs a call: codes [calls, rows, run * runs], scales [calls, runs, rows]. A Q8_0 call
-    is one run, its scales applied by the kernel. A Q6_K call takes 8 runs of 16, x's runs the rows of a block-
-    diagonal input, each run's product scaled afterwards: for a 896 x 4864 weight on the 2-core CI machine a call a
-    run took 4.1 ms and 8 runs a call 2.5 (one run of a script); dequantized, about 11 ms a layer in a decode
-    profile."""
+    """Q8_0, IQ4_NL and IQ4_XS pieces (IQ4's codes are their levels, -127..113), or Q6_K pieces, their rows stacked,
+    as int8 codes with a scale a run of `run` columns (32, or 16 for Q6_K), taken `runs` runs a call: codes [calls,
+    rows, run * runs], scales [calls, runs, rows]. A call of runs of 32 is one run, its scales applied by the
+    kernel. A Q6_K call takes 8 runs of 16, x's runs the rows of a block-diagonal input, each run's product scaled
+    afterwards: for a 896 x 4864 weight on the 2-core CI machine a call a run took 4.1 ms and 8 runs a call 2.5 (one
+    run of a script); dequantized, about 11 ms a layer in a decode profile. From `kernel_rows` rows of x on (a
+    prompt's), the codes become float32 rows of the weight, a chunk at a time, and x multiplies those."""
 
     def __init__(self, pieces: list[Piece]) -> None:
-        six_bit = pieces[0][1] == GGMLQuantizationType.Q6_K
-        self.run, self.runs = (16, 8) if six_bit else (_GROUP, 1)
+        self.run, self.runs, self.kernel_rows = _INT8_RUNS.get(pieces[0][1], (_GROUP, 1, 16))
         width = self.run * self.runs
         codes, scales = [], []
         for data, qtype, (rows, columns) in pieces:
-            piece_codes, piece_scales = (q6_k_codes if six_bit else q8_0_codes)(_blocks(data, qtype))
+            piece_codes, piece_scales = _INT8_CODES[qtype](_blocks(data, qtype))
             # One copy of the codes, straight from the blocks into [calls, rows, width].
             codes.append(piece_codes.reshape(rows, columns // width, width).transpose(0, 1))
             scales.append(piece_scales.reshape(rows, -1, self.runs).permute(1, 2, 0))
         self.codes = torch.cat(codes, dim=1)
         self.scales = torch.cat(scales, dim=2).to(torch.bfloat16).contiguous()
-        # Q6_K's runs are scaled after the kernel, which takes scales of 1 (Q8_0's calls take their own).
-        self.ones = torch.ones(self.codes.shape[1], dtype=torch.bfloat16) if six_bit else None
+        # Runs of 16 are scaled after the kernel, which takes scales of 1 (a call of a run of 32 takes its own).
+        self.ones = torch.ones(self.codes.shape[1], dtype=torch.bfloat16) if self.runs > 1 else None
 
     @staticmethod
     def takes(pieces: list[Piece]) -> bool:
-        return {qtype for _, qtype, _ in pieces} in ({GGMLQuantizationType.Q8_0}, {GGMLQuantizationType.Q6_K})
+        qtypes = {qtype for _, qtype, _ in pieces}
+        return qtypes <= _INT8_CODES.keys() and len({_INT8_RUNS.get(qtype) for qtype in qtypes}) == 1
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.codes, self.scales]
 
+    def dequantized(self, start: int, size: int) -> torch.Tensor:
+        """Rows [start, start + size) of the weight in float32: [size, columns]."""
+        calls = len(self.codes)
+        weight = torch.empty(size, calls, self.runs, self.run)
+        weight.copy_(self.codes[:, start:start + size].view(calls, size, self.runs, self.run).permute(1, 0, 2, 3))
+        return weight.mul_(self.scales[:, :, start:start + size].permute(2, 0, 1).unsqueeze(-1)).view(size, -1)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() // x.shape[-1] >= self.kernel_rows:
+            rows = self.codes.shape[1]
+            chunk = max(1, _DEQUANT_CHUNK_BYTES // (4 * x.shape[-1]))
+            return torch.cat([x @ self.dequantized(start, min(chunk, rows - start)).to(x.dtype).t()
+                              for start in range(0, rows, chunk)], dim=-1)
         flat = _flat_bf16(x)
         m = flat.shape[0]
         runs = flat.view(m, len(self.codes), self.runs, self.run).transpose(0, 1)
