@@ -34,7 +34,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--types", default="iq4_xs,iq4_nl,q8_0,q6_k,q4_k")
     parser.add_argument("--shapes", nargs="+", default=["896x4864", "4864x896", "2048x8192"],
-                        help="ROWSxCOLUMNS of W (default: a Qwen2.5-0.5B MLP's down and up projections, a 2,048-wide model's)")
+                        help="ROWSxCOLUMNS of W (default: Qwen2.5-0.5B's down and up projections, a 2,048-wide "
+                             "model's)")
     parser.add_argument("--rows", type=int, default=1, help="rows of x (1: a decode step of one request)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
