@@ -79,7 +79,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         """A packed head on the CPU gets its CPU kernel form (a tied embedding keeps reading the packed rows)."""
         packed = getattr(self.weight, "gguf", None)
         if packed is not None:
-            self.weight.gguf = packed.with_cpu_kernel()
+            self.weight.gguf = packed.with_cpu_kernel(logits=True)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         packed = getattr(self.weight, "gguf", None)

@@ -140,9 +140,13 @@ def _q6_k(b: torch.Tensor) -> torch.Tensor:
 
 def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Q4_0, Q4_1, Q4_K (4-bit codes) or Q5_0, Q5_1, Q5_K (5-bit) blocks [n, type_size] as their codes [n, block]
-    (uint8) and each 32 codes' scale and offset [n, block // 32] (float32): weight = code * scale + offset."""
+    """Q4_0, Q4_1, Q4_K (4-bit codes), Q5_0, Q5_1, Q5_K (5-bit) or Q8_0 (8-bit: its signed codes + 128) blocks
+    [n, type_size] as their codes [n, block] (uint8) and each 32 codes' scale and offset [n, block // 32] (float32):
+    weight = code * scale + offset."""
     n = blocks.shape[0]
+    if qtype == GGMLQuantizationType.Q8_0:
+        codes, scale = q8_0_codes(blocks)
+        return (codes.to(torch.int16) + 128).to(torch.uint8), scale, scale * -128
     if qtype in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q5_0):
         scale = _f16(blocks, 0)
         if qtype == GGMLQuantizationType.Q4_0:
@@ -156,7 +160,7 @@ def affine_codes(blocks: torch.Tensor, qtype: GGMLQuantizationType
         scales, mins = _k_scales_mins(blocks[:, 4:16])
         codes = _k_codes(blocks, qtype).reshape(n, QK_K)
         return codes, _f16(blocks, 0) * scales.float(), _f16(blocks, 2) * mins.float() * -1
-    raise ValueError(f"{qtype.name} is not an affine 4- or 5-bit GGUF type")
+    raise ValueError(f"{qtype.name} is not an affine 4-, 5- or 8-bit GGUF type")
 
 
 def q6_k_codes(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ def cpu_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, shape: tuple[int, ...]) -> None:
     weight = random_gguf(qtype, 4160, 512, seed=3)  # more rows than one conversion chunk
     kernel = weight.with_cpu_kernel()
-    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype in (T.Q8_0, T.Q6_K, T.IQ4_NL, T.IQ4_XS) else Int4Weight)
+    assert isinstance(kernel.cpu_kernel, Int8Weight if qtype in (T.Q6_K, T.IQ4_NL, T.IQ4_XS) else Int4Weight)
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
     expected = x.bfloat16().float() @ reference(weight).t()
     got = gguf_linear(x, kernel)
@@ -40,9 +40,9 @@ def test_kernel_computes_the_dequantized_product(qtype: GGMLQuantizationType, sh
 
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.IQ4_NL, T.IQ4_XS, T.Q6_K], ids=lambda t: t.name)
 def test_int8_weights_multiply_a_prompt_by_their_rows_in_float32(qtype: GGMLQuantizationType) -> None:
+    """Q8_0 takes this path where the int4 kernel cannot: rows not in tiles of 16, or shards with IQ4's."""
     weight = random_gguf(qtype, 96, 512, seed=5)
-    kernel = weight.with_cpu_kernel().cpu_kernel
-    assert isinstance(kernel, Int8Weight)
+    kernel = Int8Weight([weight.piece()])
     # the file's weights but for the scales, which the kernel holds in bfloat16 (8 significant bits)
     torch.testing.assert_close(kernel.dequantized(0, 96), reference(weight), rtol=2**-8, atol=0)
     torch.testing.assert_close(kernel.dequantized(40, 24), reference(weight)[40:64], rtol=2**-8, atol=0)
@@ -51,6 +51,13 @@ def test_int8_weights_multiply_a_prompt_by_their_rows_in_float32(qtype: GGMLQuan
     step = prompt[:kernel.kernel_rows - 1]  # fewer rows: the int8 kernel, x rounded to bfloat16
     _assert_bf16_close(kernel(step), step.bfloat16().float() @ kernel.dequantized(0, 96).t())
     assert not torch.equal(kernel(step), step @ kernel.dequantized(0, 96).t())
+
+
+def test_a_q8_0_lm_head_keeps_the_int8_kernel() -> None:
+    """The int4 kernel's two planes round their sums to bfloat16; a head's logits are summed in float32."""
+    weight = random_gguf(T.Q8_0, 128, 256)
+    assert len(weight.with_cpu_kernel().cpu_kernel.packed) == 2
+    assert isinstance(weight.with_cpu_kernel(logits=True).cpu_kernel, Int8Weight)
 
 
 def _assert_bf16_close(got: torch.Tensor, expected: torch.Tensor) -> None:
@@ -68,6 +75,7 @@ def test_qkv_shards_of_4_bit_types_run_as_one_kernel() -> None:
     _assert_bf16_close(layer(x), x.bfloat16().float() @ torch.cat([reference(w) for w in shards.values()]).t() + bias)
 
 
+# The gate's 48 rows are no whole tile of 64, so Q8_0 shards stack on the int8 kernel, not the int4 one.
 @pytest.mark.parametrize(("types", "joint"), [((T.Q8_0, T.Q8_0), Int8Weight), ((T.Q6_K, T.Q6_K), Int8Weight),
                                               ((T.IQ4_XS, T.Q8_0), Int8Weight), ((T.IQ4_NL, T.Q6_K), None),
                                               ((T.Q4_K, T.Q6_K), None)],
@@ -119,7 +127,7 @@ def test_models_follow_the_float32_path(name: str, request: pytest.FixtureReques
     ids = tokenizer(TEXT)["input_ids"]
     fast = _model(path, packed=True)
     assert isinstance(fast.model.layers[0].mlp.gate_up_proj.cpu_kernel, Int4Weight)
-    assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)
+    assert isinstance(fast.lm_head.weight.gguf.cpu_kernel, Int8Weight)  # a Q8_0 head: see cpu_kernel_weight
     got = _teacher_forced_logits(fast, ids)
     monkeypatch.setenv("WICK_CPU_QUANT_KERNELS", "0")
     expected = _teacher_forced_logits(_model(path, packed=True), ids)

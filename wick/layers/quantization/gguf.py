@@ -56,9 +56,10 @@ class GGUFWeight:
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.data, self.qtype, self.shape).to(dtype)
 
-    def with_cpu_kernel(self) -> GGUFWeight:
-        """This weight with its CPU kernel form, where it is on the CPU and its type has one."""
-        return replace(self, cpu_kernel=cpu_kernel_weight([self.piece()]))
+    def with_cpu_kernel(self, logits: bool = False) -> GGUFWeight:
+        """This weight with its CPU kernel form, where it is on the CPU and its type has one (logits: an LM head's,
+        see cpu_kernel_weight)."""
+        return replace(self, cpu_kernel=cpu_kernel_weight([self.piece()], logits))
 
     def piece(self) -> Piece:
         return self.data, self.qtype, self.shape

@@ -3,15 +3,17 @@
 Dequantizing a packed weight in every forward costs several passes over a float32 copy of it (the default
 model decoded 4.6 tokens/s so, llama.cpp 79 on the same two cores). Q4_0, Q4_1 and Q4_K are 4-bit codes with
 a scale and an offset per 32 weights: the layout of `_weight_int4pack_mm_for_cpu` with groups of 32. Q5_0, Q5_1
-and Q5_K are 5-bit codes so: two such weights, one of the codes' low four bits and one of their fifth bit (times
-16), whose products are added (Qwen2.5-Coder-0.5B's Q4_K_M file holds most of its weights in Q5_0). Q8_0 is
-int8 codes with a scale per 32: one `_weight_int8pack_mm` per group of 32 columns, summed in float32; IQ4_NL and
-IQ4_XS so too, their codes the sixteen non-linear levels (int8, 8 bits a weight where the file has 4.5-4.25); Q6_K
-is 6-bit codes (int8) with a scale per 16, eight of its runs of 16 a call of the same kernel (Int8Weight). Both
-kernels take bfloat16 inputs, scales and offsets and accumulate in float32, so a result is the file's weights'
-up to bfloat16 rounding of those (llama.cpp itself rounds the inputs to 8 bits). Q2_K and Q3_K keep the
-dequantizing path (as int8 codes they would take 3 and 2.3 times their file's bytes), as does every type with
-WICK_CPU_QUANT_KERNELS=0 (float32 throughout, slower).
+and Q5_K are 5-bit codes so, and Q8_0 8-bit ones (its signed codes + 128): two such weights, one of the codes' low
+four bits and one of the rest (times 16), whose products are added (Qwen2.5-Coder-0.5B's Q4_K_M file holds most of
+its weights in Q5_0). Where the int4 tiles do not fit a weight's rows, Q8_0 is int8 codes with a scale per 32: one
+`_weight_int8pack_mm` per group of 32 columns, summed in float32 (a fifth as fast); IQ4_NL and IQ4_XS so too,
+their codes the sixteen non-linear levels (int8, 8 bits a weight where the file has 4.5-4.25); Q6_K is 6-bit
+codes (int8) with a scale per 16, eight of its runs of 16 a call of the same kernel (Int8Weight). Both kernels
+take bfloat16 inputs, scales and offsets and accumulate in float32, so a result is the file's weights' up to
+bfloat16 rounding of those (llama.cpp itself rounds the inputs to 8 bits). For a prompt's rows of x, an int8
+weight makes float32 rows of the weight a chunk at a time instead, which x multiplies in float32: the int8 calls'
+cost grows with x's rows. Q2_K and Q3_K keep the dequantizing path (as int8 codes they would take 3 and 2.3 times
+their file's bytes), as does every type with WICK_CPU_QUANT_KERNELS=0 (float32 throughout, slower).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from wick.loader.gguf_dequant import affine_codes, iq4_nl_codes, iq4_xs_codes, q
 
 _GROUP = 32
 _FIVE_BIT_TYPES = frozenset({GGMLQuantizationType.Q5_0, GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q5_K})
-_INT4_TYPES = _FIVE_BIT_TYPES | {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
+_TWO_PLANE_TYPES = _FIVE_BIT_TYPES | {GGMLQuantizationType.Q8_0}
+_INT4_TYPES = _TWO_PLANE_TYPES | {GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_K}
 # Types of int8 codes with a scale a run of columns: their blocks' codes and scales; and (run, runs an Int8Weight
 # call, rows of x from which it multiplies by its rows in float32 instead), where not (32, 1, 16). The kernel makes a
 # call a run of 32, or of 8 runs of 16 as 8 rows of x each, and past a few rows of x its calls take longer than
@@ -54,11 +57,11 @@ Piece = tuple[torch.Tensor, GGMLQuantizationType, tuple[int, int]]
 
 
 class Int4Weight:
-    """Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K pieces, their rows stacked, in the int4 CPU kernel's layout: one weight
-    of the codes, or where a piece has 5-bit codes two, of the low four bits and of the fifth."""
+    """Q4_0 / Q4_1 / Q4_K / Q5_0 / Q5_1 / Q5_K / Q8_0 pieces, their rows stacked, in the int4 CPU kernel's layout: one
+    weight of the codes, or where a piece has 5- or 8-bit codes two, of the low four bits and of the rest."""
 
     def __init__(self, pieces: list[Piece]) -> None:
-        planes = 2 if any(qtype in _FIVE_BIT_TYPES for _, qtype, _ in pieces) else 1
+        planes = 2 if any(qtype in _TWO_PLANE_TYPES for _, qtype, _ in pieces) else 1
         packed: list[list[torch.Tensor]] = [[] for _ in range(planes)]
         scales_and_zeros: list[list[torch.Tensor]] = [[] for _ in range(planes)]
         for data, qtype, (rows, columns) in pieces:
@@ -67,8 +70,14 @@ class Int4Weight:
                 codes, scales, offsets = affine_codes(_blocks(data.narrow(0, start, size), qtype), qtype)
                 codes = codes.reshape(size, columns).to(torch.int32)
                 scales, offsets = scales.reshape(size, -1), offsets.reshape(size, -1)
-                # code * scale + offset = (code & 15) * scale + offset + (code >> 4) * 16 * scale
-                parts = [(codes & 15, scales, offsets), (codes >> 4, scales * 16, torch.zeros_like(offsets))]
+                # code * scale + offset = (code & 15) * scale + (code >> 4) * 16 * scale + offset, the offset split
+                # so that each plane's zero (below) is a power of two times its scale, exact in bfloat16 as the scale
+                # is. Q8_0's planes are centred (zeros 0 and 8 x scale), as each plane's sum is rounded to bfloat16.
+                low_offsets, high_offsets = offsets, torch.zeros_like(offsets)
+                if qtype == GGMLQuantizationType.Q8_0:
+                    low_offsets = scales * -8
+                    high_offsets = offsets - low_offsets
+                parts = [(codes & 15, scales, low_offsets), (codes >> 4, scales * 16, high_offsets)]
                 for plane, (plane_codes, plane_scales, plane_offsets) in enumerate(parts[:planes]):
                     packed[plane].append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(plane_codes, 1))
                     # The kernel computes (code - 8) * scale + zero.
@@ -158,12 +167,17 @@ class Int8Weight:
         return out.to(x.dtype).reshape(*x.shape[:-1], -1)
 
 
-def cpu_kernel_weight(pieces: list[Piece]) -> Int4Weight | Int8Weight | None:
-    """One CPU kernel weight over the pieces' stacked rows, if they are on the CPU and one kernel takes them all."""
+def cpu_kernel_weight(pieces: list[Piece], logits: bool = False) -> Int4Weight | Int8Weight | None:
+    """One CPU kernel weight over the pieces' stacked rows, if they are on the CPU and one kernel takes them all.
+
+    logits: the weight is an LM head's, whose outputs are ranked against each other. Its Q8_0 keeps the int8 kernel,
+    whose products of each run of 32 add up in float32: the int4 kernel rounds each plane's whole sum to bfloat16,
+    0.125 apart at logits of 16 to 32, which swapped near-ties of the default model's head in a test."""
     if os.environ.get("WICK_CPU_QUANT_KERNELS") == "0" or any(data.device.type != "cpu" for data, _, _ in pieces):
         return None
     qtypes = {qtype for _, qtype, _ in pieces}
-    if qtypes <= _INT4_TYPES and Int4Weight.takes(pieces):
+    int4_types = _INT4_TYPES - {GGMLQuantizationType.Q8_0} if logits else _INT4_TYPES
+    if qtypes <= int4_types and Int4Weight.takes(pieces):
         weight: Int4Weight | Int8Weight = Int4Weight(pieces)
     elif Int8Weight.takes(pieces):
         weight = Int8Weight(pieces)
