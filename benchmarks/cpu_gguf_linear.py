@@ -65,7 +65,7 @@ def main() -> None:
                 times["plain"].append(_milliseconds(x, plain))
             fast, slow = median(times["kernel"]), median(times["plain"])
             print(f"| {name} | {rows} x {columns} | {fast:.2f} | {slow:.2f} | {slow / fast:.1f}x | "
-                  f"{_bytes(kernel.cpu_kernel.tensors()) / 2**20:.1f} | {_bytes([plain.data]) / 2**20:.1f} |")
+                  f"{_bytes(kernel.held_tensors()) / 2**20:.1f} | {_bytes(plain.held_tensors()) / 2**20:.1f} |")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def _q5_1(b: torch.Tensor) -> torch.Tensor:
 
 
 def _q8_0(b: torch.Tensor) -> torch.Tensor:
-    return b[:, 2:34].view(torch.int8).float().mul_(_f16(b, 0))
+    return _scaled_runs(*q8_0_codes(b))
 
 
 def _q2_k(b: torch.Tensor) -> torch.Tensor:

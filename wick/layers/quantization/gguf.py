@@ -19,7 +19,7 @@ from torch import nn
 
 from wick.layers.pending_norm import PendingRow, resolved
 from wick.layers.quantization.base import LinearMethod, QuantizationConfig
-from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight
+from wick.layers.quantization.gguf_cpu import Int4Weight, Int8Weight, Piece, cpu_kernel_weight, float_rows_product
 from wick.loader.gguf_dequant import SUPPORTED_TYPES, dequantize
 
 # Rows of weight dequantized at once by the torch path: a bound on its temporary, not on speed.
@@ -87,15 +87,8 @@ def gguf_linear(x: torch.Tensor, weight: GGUFWeight) -> torch.Tensor:
         from wick.kernels.gguf_matmul import gguf_matmul
 
         return gguf_matmul(x, weight.data, weight.qtype, weight.shape)
-    rows, columns = weight.shape
-    chunk = max(1, _DEQUANT_CHUNK_BYTES // (columns * 4))
-    if rows <= chunk:
-        return x @ weight.dequantize(x.dtype).t()
-    out = x.new_empty(*x.shape[:-1], rows)
-    for start in range(0, rows, chunk):
-        size = min(chunk, rows - start)
-        out[..., start:start + size] = x @ weight.rows(start, size).dequantize(x.dtype).t()
-    return out
+    return float_rows_product(x, weight.shape[0], _DEQUANT_CHUNK_BYTES,
+                              lambda start, size: weight.rows(start, size).dequantize(x.dtype))
 
 
 def gguf_embedding(ids: torch.Tensor, weight: GGUFWeight, dtype: torch.dtype) -> torch.Tensor:

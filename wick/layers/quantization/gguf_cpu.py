@@ -19,6 +19,7 @@ their file's bytes), as does every type with WICK_CPU_QUANT_KERNELS=0 (float32 t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -146,10 +147,7 @@ class Int8Weight:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() // x.shape[-1] >= self.kernel_rows:
-            rows = self.codes.shape[1]
-            chunk = max(1, _DEQUANT_CHUNK_BYTES // (4 * x.shape[-1]))
-            return torch.cat([x @ self.dequantized(start, min(chunk, rows - start)).to(x.dtype).t()
-                              for start in range(0, rows, chunk)], dim=-1)
+            return float_rows_product(x, self.codes.shape[1], _DEQUANT_CHUNK_BYTES, self.dequantized)
         flat = _flat_bf16(x)
         m = flat.shape[0]
         runs = flat.view(m, len(self.codes), self.runs, self.run).transpose(0, 1)
@@ -165,6 +163,20 @@ class Int8Weight:
                 product = torch.ops.aten._weight_int8pack_mm(block_x, codes, self.ones).view(m, self.runs, -1)
                 out += (product.float() * scales.float()).sum(1)
         return out.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+def float_rows_product(x: torch.Tensor, rows: int, chunk_bytes: int,
+                       float_rows: Callable[[int, int], torch.Tensor]) -> torch.Tensor:
+    """x [..., columns] @ W^T in x's dtype, W's rows [start, start + size) made by float_rows(start, size) in chunks
+    of at most chunk_bytes of float32."""
+    chunk = max(1, chunk_bytes // (4 * x.shape[-1]))
+    if rows <= chunk:
+        return x @ float_rows(0, rows).to(x.dtype).t()
+    out = x.new_empty(*x.shape[:-1], rows)
+    for start in range(0, rows, chunk):
+        size = min(chunk, rows - start)
+        out[..., start:start + size] = x @ float_rows(start, size).to(x.dtype).t()
+    return out
 
 
 def cpu_kernel_weight(pieces: list[Piece], logits: bool = False) -> Int4Weight | Int8Weight | None:
